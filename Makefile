@@ -1,0 +1,29 @@
+# The two commands every user runs: `make run` (the main job) and `make test` (every test).
+# Both work from nothing: they create .venv and install the pinned requirements.lock into it.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: run test install lint clean
+
+$(STAMP): pyproject.toml requirements.lock
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check -r requirements.lock
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/autotuner demo
+
+test: $(STAMP)
+	$(PY) -m ruff check autotuner db service tests bench
+	$(PY) -m pytest
+
+lint: $(STAMP)
+	$(PY) -m ruff check autotuner db service tests bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

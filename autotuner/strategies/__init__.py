@@ -1,0 +1,66 @@
+"""The decompositions: pure functions of (problem, strategy, mesh). No timing, I/O or globals."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+from jax.sharding import Mesh
+
+from ..problem import Problem, ProblemError
+from ..strategy import Strategy, StrategyError
+from . import allgather, reducescatter
+from ._common import check_mesh, loop_trips, wrap
+from .baseline import compute_only, local_baseline, local_comm_only
+
+__all__ = ["build", "build_parts", "check_valid", "loop_trips"]
+
+
+def check_valid(problem: Problem, s: Strategy) -> None:
+    """Raise StrategyError if `s` cannot run `problem` (what `space` leaves out)."""
+    if s.is_baseline:
+        return
+    pat, n = problem.pattern, problem.axis_size
+    if pat.kind == "none":
+        raise StrategyError("method", "the einsum is local: only the baseline applies")
+    if s.direction == "bidi" and n < 3:
+        raise StrategyError("direction", f"bidirectional needs at least 3 devices on the ring, got {n}")
+    if pat.kind == "reduce_scatter" and s.fuse != "loop":
+        raise StrategyError("fuse", "a reduce-scatter ring accumulates in the loop; only 'loop' applies")
+    operand = "out" if pat.kind == "reduce_scatter" else pat.operand
+    from ._common import Layout
+
+    blk = Layout(problem, pat.axis, n).local_extent(operand, pat.letter)
+    need = s.chunks * (2 if s.direction == "bidi" and n % 2 == 0 else 1)
+    if blk % need:
+        raise StrategyError("chunks", f"the per-device block of {pat.letter!r} ({blk}) is not divisible "
+                                      f"by {need}")
+    trips = loop_trips(problem, s.direction)
+    if s.unroll == 1 and trips < 2 or s.unroll == 2 and trips < 3:
+        raise StrategyError("unroll", f"the loop has {max(trips, 0)} iterations; unroll={s.unroll} "
+                                      "would be the same program as unroll='full'")
+
+
+def build(problem: Problem, strategy: Strategy, mesh: Mesh) -> Callable[[jax.Array, jax.Array], jax.Array]:
+    """A jittable function of the two global arrays returning the einsum sharded as `out_spec`."""
+    if not isinstance(problem, Problem):
+        raise TypeError(f"build() needs a Problem, got {type(problem).__name__}")
+    if isinstance(strategy, dict):
+        strategy = Strategy.from_dict(strategy)
+    check_mesh(problem, mesh)
+    check_valid(problem, strategy)
+    if strategy.is_baseline:
+        return wrap(problem, mesh, local_baseline(problem))
+    impl = allgather if problem.pattern.kind == "all_gather" else reducescatter
+    return wrap(problem, mesh, impl.local_ring(problem, strategy))
+
+
+def build_parts(problem: Problem, mesh: Mesh) -> tuple[Callable, Callable]:
+    """(collective alone, einsum alone) for the harness's bound; see baseline.py."""
+    check_mesh(problem, mesh)
+    if problem.pattern.kind == "none":
+        raise ProblemError("problem", "a local einsum has no collective to time")
+    return wrap(problem, mesh, local_comm_only(problem)), compute_only(problem, mesh)
+
+
+__all__ += ["ProblemError"]

@@ -1,0 +1,137 @@
+"""Shared pieces of the strategies: the per-device layout, ring permutations, loops, einsums."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
+
+from ..problem import Entry, Problem, ProblemError
+
+LOW_PRECISION = ("bfloat16", "float16")
+
+
+def pspec(spec: Sequence[Entry]) -> PartitionSpec:
+    return PartitionSpec(*[None if not e else e[0] if len(e) == 1 else tuple(e) for e in spec])
+
+
+def check_mesh(problem: Problem, mesh: Mesh) -> None:
+    got = dict(zip(mesh.axis_names, mesh.devices.shape, strict=True))
+    if got != problem.mesh_shape:
+        raise ProblemError("mesh", f"the problem's mesh {problem.mesh_shape} does not match the "
+                                   f"given jax Mesh {got}")
+
+
+def constrain(x: jax.Array, mesh: Mesh, spec: PartitionSpec) -> jax.Array:
+    """Lay `x` out as `spec` inside jit, for explicit and auto meshes alike."""
+    if all(t == AxisType.Explicit for t in mesh.axis_types):
+        return jax.reshard(x, NamedSharding(mesh, spec))
+    return lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
+
+
+def wrap(problem: Problem, mesh: Mesh, local_fn: Callable[[jax.Array, jax.Array], jax.Array]
+         ) -> Callable[[jax.Array, jax.Array], jax.Array]:
+    """A jittable function of the global arrays running `local_fn` per device via shard_map."""
+    check_mesh(problem, mesh)
+    ls, rs, os_ = pspec(problem.lhs.spec), pspec(problem.rhs.spec), pspec(problem.out_spec)
+    mapped = jax.shard_map(local_fn, mesh=mesh, in_specs=(ls, rs), out_specs=os_, check_vma=False)
+    dtype = jnp.dtype(problem.dtype)
+
+    def fn(lhs: jax.Array, rhs: jax.Array) -> jax.Array:
+        lhs = constrain(jnp.asarray(lhs, dtype), mesh, ls)
+        rhs = constrain(jnp.asarray(rhs, dtype), mesh, rs)
+        return mapped(lhs, rhs)
+
+    return fn
+
+
+@dataclass(frozen=True)
+class Layout:
+    """What one device sees of a Problem whose collective runs over `axis` (size n)."""
+
+    problem: Problem
+    axis: str
+    n: int
+
+    @property
+    def eq(self):  # noqa: ANN201 - the Equation
+        return self.problem.eq
+
+    @property
+    def dtype(self) -> Any:
+        return jnp.dtype(self.problem.dtype)
+
+    @property
+    def low_precision(self) -> bool:
+        return self.problem.dtype in LOW_PRECISION
+
+    def local_extent(self, operand: str, letter: str) -> int:
+        """Per-device size of `letter` in `operand` ('lhs', 'rhs' or 'out')."""
+        p, mesh = self.problem, self.problem.mesh_shape
+        letters, shape, spec = {
+            "lhs": (p.eq.lhs, p.lhs.shape, p.lhs.spec),
+            "rhs": (p.eq.rhs, p.rhs.shape, p.rhs.spec),
+            "out": (p.eq.out, p.out_shape, p.out_spec),
+        }[operand]
+        i = letters.index(letter)
+        return shape[i] // math.prod(mesh[a] for a in spec[i])
+
+    def einsum(self, lhs: jax.Array, rhs: jax.Array, *, f32: bool = False) -> jax.Array:
+        pref = jnp.float32 if f32 else None
+        return jnp.einsum(str(self.eq), lhs, rhs, preferred_element_type=pref)
+
+    def right(self) -> list[tuple[int, int]]:
+        """Device j sends to j+1."""
+        return [(j, (j + 1) % self.n) for j in range(self.n)]
+
+    def left(self) -> list[tuple[int, int]]:
+        """Device j sends to j-1."""
+        return [(j, (j - 1) % self.n) for j in range(self.n)]
+
+    def send(self, xs: Sequence[jax.Array], perm: list[tuple[int, int]]) -> list[jax.Array]:
+        return [lax.ppermute(x, self.axis, perm) for x in xs]
+
+
+def slice_dim(x: jax.Array, letters: str, letter: str, start: Any, size: int) -> jax.Array:
+    """`x` sliced along `letter` if it has it; unchanged otherwise."""
+    if letter not in letters:
+        return x
+    return lax.dynamic_slice_in_dim(x, start, size, letters.index(letter))
+
+
+def split(x: jax.Array, parts: int, dim: int) -> list[jax.Array]:
+    return list(jnp.split(x, parts, axis=dim)) if parts > 1 else [x]
+
+
+def run_loop(body: Callable[[Any, Any], tuple[Any, Any]], carry: Any, lo: int, hi: int,
+             unroll: int | str) -> tuple[Any, list[Any]]:
+    """Run body(carry, t) for t in [lo, hi): a Python loop for unroll='full', else lax.scan.
+
+    Returns the final carry and the per-step outputs as a list (for scan: a one-element list
+    holding the outputs stacked along a new leading axis, or [] when the body emits none).
+    """
+    if hi <= lo:
+        return carry, []
+    if unroll == "full":
+        ys = []
+        for t in range(lo, hi):
+            carry, y = body(carry, t)
+            if y is not None:
+                ys.append(jax.tree.map(lambda a: a[None], y))
+        return carry, ys
+    carry, y = lax.scan(body, carry, jnp.arange(lo, hi), unroll=int(unroll))
+    return carry, ([] if y is None else [y])
+
+
+def loop_trips(p: Problem, direction: str) -> int:
+    """Iterations of the rolled loop (the rest of the steps are peeled)."""
+    n = p.axis_size
+    if direction == "uni":
+        return n - 1
+    return (n - 1) // 2 - 1

@@ -1,0 +1,99 @@
+"""The Strategy: a frozen, JSON-serializable choice of how to run one Problem.
+
+`{"method": "baseline"}` is always valid: the plain collective and the plain einsum. `ring`
+decomposes the collective and the einsum together into a loop of CollectivePermutes and partial
+einsums (Wang et al., ASPLOS 2023). Its knobs, each a different program:
+
+- direction: `uni` sends whole shards one way round the ring (n-1 steps); `bidi` sends shards
+  both ways at once (ceil((n-1)/2) steps, each link direction carrying half the data; for even n
+  the antipodal shard is split in halves, one per direction). Needs n >= 3.
+- chunks: 1, 2 or 4 pieces per shard, each with its own transfer and partial einsum, so the
+  pipeline is finer and its fill/drain shorter.
+- unroll: 1 (a rolled `scan` loop), 2 (scan unrolled by two), or `full` (straight-line code).
+- fuse: all-gather only. `loop` writes each partial result into its slot of the output buffer
+  (or adds it to the accumulator) inside the loop; `after` collects the partial results as loop
+  outputs and concatenates (or sums) them after the loop.
+- send_first: the step's transfer is issued before its partial einsum (True) or after (False).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+METHODS = ("baseline", "ring")
+DIRECTIONS = ("uni", "bidi")
+CHUNKS = (1, 2, 4)
+UNROLLS: tuple[int | str, ...] = (1, 2, "full")
+FUSES = ("loop", "after")
+
+
+class StrategyError(ValueError):
+    """An invalid Strategy; `field` names the offending knob."""
+
+    def __init__(self, field: str, message: str):
+        self.field = field
+        super().__init__(f"strategy.{field}: {message}")
+
+
+@dataclass(frozen=True)
+class Strategy:
+    method: Literal["baseline", "ring"] = "baseline"
+    direction: Literal["uni", "bidi"] = "uni"
+    chunks: int = 1
+    unroll: int | str = "full"
+    fuse: Literal["loop", "after"] = "loop"
+    send_first: bool = True
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise StrategyError("method", f"unknown method {self.method!r} (known: {', '.join(METHODS)})")
+        if self.direction not in DIRECTIONS:
+            raise StrategyError("direction", f"must be one of {DIRECTIONS}, got {self.direction!r}")
+        if isinstance(self.chunks, bool) or self.chunks not in CHUNKS:
+            raise StrategyError("chunks", f"must be one of {CHUNKS}, got {self.chunks!r}")
+        if isinstance(self.unroll, bool) or self.unroll not in UNROLLS:
+            raise StrategyError("unroll", f"must be one of {UNROLLS}, got {self.unroll!r}")
+        if self.fuse not in FUSES:
+            raise StrategyError("fuse", f"must be one of {FUSES}, got {self.fuse!r}")
+        if not isinstance(self.send_first, bool):
+            raise StrategyError("send_first", f"must be true or false, got {self.send_first!r}")
+
+    @classmethod
+    def baseline(cls) -> Strategy:
+        return cls()
+
+    @property
+    def is_baseline(self) -> bool:
+        return self.method == "baseline"
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.is_baseline:
+            return {"method": "baseline"}
+        return {"method": self.method, "direction": self.direction, "chunks": self.chunks,
+                "unroll": self.unroll, "fuse": self.fuse, "send_first": self.send_first}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> Strategy:
+        if not isinstance(d, dict):
+            raise StrategyError("method", f"expected a JSON object, got {type(d).__name__}")
+        known = {"method", "direction", "chunks", "unroll", "fuse", "send_first"}
+        extra = sorted(set(d) - known)
+        if extra:
+            raise StrategyError(extra[0], "unknown field")
+        if "method" not in d:
+            raise StrategyError("method", "missing field")
+        if d["method"] == "baseline":
+            return cls()
+        return cls(**d)
+
+    @property
+    def key(self) -> str:
+        """Short stable name, e.g. `baseline` or `ring-bidi-c2-u1-loop-send`."""
+        if self.is_baseline:
+            return "baseline"
+        return (f"{self.method}-{self.direction}-c{self.chunks}-u{self.unroll}-{self.fuse}-"
+                f"{'send' if self.send_first else 'comp'}")
+
+    def __str__(self) -> str:
+        return self.key
