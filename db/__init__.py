@@ -1,0 +1,81 @@
+"""Results database of the overlap autotuner: models, sessions, repository, migrations.
+
+Imports nothing else of this project. Typical use::
+
+    from db import Database, repository as repo
+
+    database = Database(get_settings().db_url)
+    database.check_schema()                    # SchemaError: run `autotuner db upgrade`
+    with database.session() as s:
+        device = repo.upsert_device(s, key=..., platform=..., ...)
+        problem = repo.upsert_problem(s, key=..., canonical=..., ...)
+        repo.record_measurements(s, device.id, problem.id, items)
+        winner = repo.recompute_winner(s, device.id, problem.id)
+"""
+
+from db import repository
+from db.errors import DuplicateError, LeaseError, NotFoundError, SchemaError, StorageError
+from db.optuna_storage import ensure_optuna_schema, optuna_storage_url
+from db.records import (
+    DemandRecord,
+    DeviceRecord,
+    JobRecord,
+    MeasurementInput,
+    MeasurementRecord,
+    Neighbor,
+    Page,
+    ProblemRecord,
+    ProblemRow,
+    TokenRecord,
+    WinnerChoice,
+    WinnerRecord,
+)
+from db.rule import choose_winner
+from db.session import (
+    Database,
+    check_schema,
+    current_revision,
+    downgrade,
+    head_revision,
+    make_engine,
+    make_session_factory,
+    session_scope,
+    upgrade,
+)
+from db.settings import Settings, get_settings, normalize_db_url
+
+__all__ = [
+    "Database",
+    "DemandRecord",
+    "DeviceRecord",
+    "DuplicateError",
+    "JobRecord",
+    "LeaseError",
+    "MeasurementInput",
+    "MeasurementRecord",
+    "Neighbor",
+    "NotFoundError",
+    "Page",
+    "ProblemRecord",
+    "ProblemRow",
+    "SchemaError",
+    "Settings",
+    "StorageError",
+    "TokenRecord",
+    "WinnerChoice",
+    "WinnerRecord",
+    "check_schema",
+    "choose_winner",
+    "current_revision",
+    "downgrade",
+    "ensure_optuna_schema",
+    "get_settings",
+    "head_revision",
+    "make_engine",
+    "make_session_factory",
+    "normalize_db_url",
+    "optuna_storage_url",
+    "repository",
+    "session_scope",
+    "upgrade",
+]

@@ -1,0 +1,90 @@
+"""Helpers shared by the repository modules (private to :mod:`db`)."""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from db.models import utcnow
+
+MAX_PAGE = 1000
+
+
+def dialect(s: Session) -> str:
+    return s.get_bind().dialect.name
+
+
+def insert(s: Session, entity: Any) -> Any:
+    """The dialect's INSERT (with ``on_conflict_do_*``) for ``entity``."""
+    name = dialect(s)
+    if name == "postgresql":
+        return postgresql.insert(entity)
+    if name == "sqlite":
+        return sqlite.insert(entity)
+    raise ValueError(f"unsupported database dialect {name!r}")
+
+
+def now_utc(now: datetime | None) -> datetime:
+    """``now`` as an aware UTC datetime (naive means UTC); the current time if ``None``."""
+    if now is None:
+        return utcnow()
+    if now.tzinfo is None:
+        return now.replace(tzinfo=UTC)
+    return now.astimezone(UTC)
+
+
+def seconds(value: float, name: str) -> timedelta:
+    if not (isinstance(value, int | float) and math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a positive number of seconds, not {value!r}")
+    return timedelta(seconds=float(value))
+
+
+def check_page(offset: int, limit: int) -> None:
+    if not isinstance(offset, int) or offset < 0:
+        raise ValueError(f"offset must be an integer >= 0, not {offset!r}")
+    if not isinstance(limit, int) or not 1 <= limit <= MAX_PAGE:
+        raise ValueError(f"limit must be an integer in 1..{MAX_PAGE}, not {limit!r}")
+
+
+def finite(
+    value: Any, name: str, *, optional: bool = False, minimum: float | None = None
+) -> float | None:
+    """``value`` as a finite float (``None`` allowed when ``optional``), else ValueError."""
+    if value is None:
+        if optional:
+            return None
+        raise ValueError(f"{name} is required")
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{name} must be a number, not {type(value).__name__}")
+    x = float(value)
+    if not math.isfinite(x):
+        raise ValueError(f"{name} must be finite, not {value!r}")
+    if minimum is not None and x < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, not {value!r}")
+    return x
+
+
+def text_field(value: Any, name: str, *, max_len: int, optional: bool = False) -> str | None:
+    if value is None:
+        if optional:
+            return None
+        raise ValueError(f"{name} is required")
+    if not isinstance(value, str):
+        raise ValueError(f"{name} must be a string, not {type(value).__name__}")
+    if not optional and not value:
+        raise ValueError(f"{name} must not be empty")
+    if len(value) > max_len:
+        raise ValueError(f"{name} is longer than {max_len} characters")
+    return value
+
+
+def json_object(value: Any, name: str, *, optional: bool = False) -> dict[str, Any] | None:
+    if value is None and optional:
+        return None
+    if not isinstance(value, dict):
+        raise ValueError(f"{name} must be a JSON object (dict), not {type(value).__name__}")
+    return value

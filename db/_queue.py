@@ -1,0 +1,300 @@
+"""Tuning jobs (a leased work queue) and lookup-miss demand (private; see db.repository)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import and_, func, or_, select, text, update
+from sqlalchemy.orm import Session
+
+from db._common import check_page, dialect, insert, json_object, now_utc, seconds, text_field
+from db._convert import demand_record, job_record
+from db.errors import LeaseError, NotFoundError, StorageError
+from db.models import KEY_LEN, Demand, Device, Problem, TuningJob, Winner
+from db.records import DemandRecord, JobRecord, Page
+
+ACTIVE = ("queued", "running")
+FINAL = ("done", "failed")
+_ACTIVE_SQL = "status IN ('queued', 'running')"
+_CLAIM_TRIES = 8
+
+
+# --------------------------------------------------------------------------- jobs
+
+
+def _active_job(s: Session, device_key: str, problem_key: str) -> TuningJob | None:
+    return s.execute(
+        select(TuningJob)
+        .where(
+            TuningJob.device_key == device_key,
+            TuningJob.problem_key == problem_key,
+            TuningJob.status.in_(ACTIVE),
+        )
+        .execution_options(populate_existing=True)
+    ).scalar_one_or_none()
+
+
+def enqueue_job(
+    s: Session,
+    *,
+    problem_key: str,
+    problem: dict[str, Any],
+    device_key: str,
+    device: dict[str, Any],
+    params: dict[str, Any] | None = None,
+    priority: int = 0,
+    now: datetime | None = None,
+) -> JobRecord:
+    """Queue tuning of ``problem`` (canonical JSON) on ``device`` (fingerprint JSON).
+
+    At most one job per (device, problem) is active: if one is queued or running already,
+    that one is returned unchanged. ``params`` (e.g. trials/seconds/target) go to the worker;
+    higher ``priority`` is claimed first.
+    """
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise ValueError(f"priority must be an integer, not {priority!r}")
+    ts = now_utc(now)
+    values = {
+        "problem_key": text_field(problem_key, "problem_key", max_len=KEY_LEN),
+        "problem": json_object(problem, "problem"),
+        "device_key": text_field(device_key, "device_key", max_len=KEY_LEN),
+        "device": json_object(device, "device"),
+        "params": json_object(params if params is not None else {}, "params"),
+        "priority": priority,
+        "status": "queued",
+        "attempts": 0,
+        "created_at": ts,
+        "updated_at": ts,
+    }
+    for _ in range(3):  # the active job may finish between the insert and the select
+        stmt = (
+            insert(s, TuningJob)
+            .values(**values)
+            .on_conflict_do_nothing(
+                index_elements=["device_key", "problem_key"], index_where=text(_ACTIVE_SQL)
+            )
+        )
+        s.execute(stmt)
+        row = _active_job(s, device_key, problem_key)
+        if row is not None:
+            return job_record(row)
+    raise StorageError(f"could not enqueue job for {device_key}/{problem_key}: it kept finishing")
+
+
+def _claimable(now: datetime, device_key: str | None, max_attempts: int | None) -> Any:
+    cond = or_(
+        TuningJob.status == "queued",
+        and_(TuningJob.status == "running", TuningJob.lease_expires_at < now),
+    )
+    if device_key is not None:
+        cond = and_(cond, TuningJob.device_key == device_key)
+    if max_attempts is not None:
+        cond = and_(cond, TuningJob.attempts < max_attempts)
+    return cond
+
+
+def claim_job(
+    s: Session,
+    worker: str,
+    lease_seconds: float,
+    now: datetime | None = None,
+    *,
+    device_key: str | None = None,
+    max_attempts: int | None = None,
+) -> JobRecord | None:
+    """Claim the next job for ``worker``: the highest-priority, oldest job that is queued or
+    whose running lease has expired (optionally only for ``device_key``, and only jobs
+    claimed fewer than ``max_attempts`` times). It becomes ``running`` under a lease of
+    ``lease_seconds``; ``attempts`` counts claims. ``None`` if there is nothing to claim.
+
+    Atomic under concurrency: the candidate is selected (``FOR UPDATE SKIP LOCKED`` on
+    PostgreSQL) and then taken with an UPDATE that re-checks the claimable condition; a lost
+    race (rowcount 0) moves on to the next candidate.
+    """
+    worker = text_field(worker, "worker", max_len=256) or ""
+    ts = now_utc(now)
+    lease = seconds(lease_seconds, "lease_seconds")
+    is_pg = dialect(s) == "postgresql"
+    for _ in range(_CLAIM_TRIES):
+        cond = _claimable(ts, device_key, max_attempts)
+        pick = (
+            select(TuningJob.id)
+            .where(cond)
+            .order_by(TuningJob.priority.desc(), TuningJob.created_at, TuningJob.id)
+            .limit(1)
+        )
+        if is_pg:
+            pick = pick.with_for_update(skip_locked=True)
+        job_id = s.execute(pick).scalar_one_or_none()
+        if job_id is None:
+            return None
+        result = s.execute(
+            update(TuningJob)
+            .where(TuningJob.id == job_id, cond)
+            .values(
+                status="running",
+                worker=worker,
+                lease_expires_at=ts + lease,
+                attempts=TuningJob.attempts + 1,
+                error=None,
+                updated_at=ts,
+            )
+            .execution_options(synchronize_session=False)
+        )
+        if result.rowcount == 1:  # type: ignore[attr-defined]
+            return _get_job_row(s, job_id)
+    return None
+
+
+def _get_job_row(s: Session, job_id: int) -> JobRecord:
+    row = s.execute(
+        select(TuningJob).where(TuningJob.id == job_id).execution_options(populate_existing=True)
+    ).scalar_one()
+    return job_record(row)
+
+
+def _held(s: Session, job_id: int, worker: str, values: dict[str, Any]) -> JobRecord:
+    result = s.execute(
+        update(TuningJob)
+        .where(TuningJob.id == job_id, TuningJob.worker == worker, TuningJob.status == "running")
+        .values(**values)
+        .execution_options(synchronize_session=False)
+    )
+    if result.rowcount == 1:  # type: ignore[attr-defined]
+        return _get_job_row(s, job_id)
+    current = s.get(TuningJob, job_id, populate_existing=True)
+    if current is None:
+        raise NotFoundError(f"job {job_id} does not exist")
+    raise LeaseError(
+        f"job {job_id} is not held by worker {worker!r} "
+        f"(status {current.status!r}, worker {current.worker!r})"
+    )
+
+
+def heartbeat_job(
+    s: Session, job_id: int, worker: str, lease_seconds: float, now: datetime | None = None
+) -> JobRecord:
+    """Extend ``worker``'s lease on a running job to ``now + lease_seconds``.
+
+    Raises :class:`LeaseError` if the worker no longer holds it (finished, or re-claimed by
+    another worker after the lease expired), :class:`NotFoundError` if there is no such job.
+    """
+    ts = now_utc(now)
+    lease = seconds(lease_seconds, "lease_seconds")
+    return _held(s, job_id, worker, {"lease_expires_at": ts + lease, "updated_at": ts})
+
+
+def finish_job(
+    s: Session,
+    job_id: int,
+    worker: str,
+    status: str,
+    error: str | None = None,
+    now: datetime | None = None,
+) -> JobRecord:
+    """Mark ``worker``'s running job ``"done"`` or ``"failed"`` (with ``error``); final.
+
+    Raises :class:`LeaseError` / :class:`NotFoundError` as :func:`heartbeat_job`.
+    """
+    if status not in FINAL:
+        raise ValueError(f"status must be one of {FINAL}, not {status!r}")
+    ts = now_utc(now)
+    values = {
+        "status": status,
+        "error": text_field(error, "error", max_len=100_000, optional=True),
+        "lease_expires_at": None,
+        "updated_at": ts,
+    }
+    return _held(s, job_id, worker, values)
+
+
+def get_job(s: Session, job_id: int) -> JobRecord | None:
+    row = s.get(TuningJob, job_id, populate_existing=True)
+    return job_record(row) if row is not None else None
+
+
+def list_jobs(
+    s: Session,
+    *,
+    status: str | None = None,
+    device_key: str | None = None,
+    offset: int = 0,
+    limit: int = 50,
+) -> Page[JobRecord]:
+    """Jobs, newest first, optionally by ``status`` and ``device_key``."""
+    check_page(offset, limit)
+    stmt = select(TuningJob)
+    if status is not None:
+        stmt = stmt.where(TuningJob.status == status)
+    if device_key is not None:
+        stmt = stmt.where(TuningJob.device_key == device_key)
+    total = s.execute(select(func.count()).select_from(stmt.subquery())).scalar_one()
+    rows = s.scalars(
+        stmt.order_by(TuningJob.created_at.desc(), TuningJob.id.desc()).offset(offset).limit(limit)
+    )
+    return Page(items=tuple(job_record(r) for r in rows), total=total, offset=offset, limit=limit)
+
+
+# --------------------------------------------------------------------------- demand
+
+
+def record_miss(
+    s: Session,
+    device_key: str,
+    device_json: dict[str, Any],
+    problem_key: str,
+    problem_canonical: dict[str, Any],
+    now: datetime | None = None,
+) -> DemandRecord:
+    """Count one lookup miss of (device, problem): insert with count 1, or add 1 and move
+    ``last_seen`` (one atomic upsert; safe under concurrency)."""
+    ts = now_utc(now)
+    stmt = insert(s, Demand).values(
+        device_key=text_field(device_key, "device_key", max_len=KEY_LEN),
+        device=json_object(device_json, "device_json"),
+        problem_key=text_field(problem_key, "problem_key", max_len=KEY_LEN),
+        problem=json_object(problem_canonical, "problem_canonical"),
+        count=1,
+        first_seen=ts,
+        last_seen=ts,
+    )
+    stmt = stmt.on_conflict_do_update(
+        index_elements=["device_key", "problem_key"],
+        set_={"count": Demand.count + 1, "last_seen": stmt.excluded.last_seen},
+    )
+    s.execute(stmt)
+    row = s.execute(
+        select(Demand)
+        .where(Demand.device_key == device_key, Demand.problem_key == problem_key)
+        .execution_options(populate_existing=True)
+    ).scalar_one()
+    return demand_record(row)
+
+
+def list_demand(
+    s: Session,
+    limit: int = 50,
+    *,
+    offset: int = 0,
+    device_key: str | None = None,
+    untuned_only: bool = False,
+) -> list[DemandRecord]:
+    """The most-missed (device, problem) pairs: highest count first, then most recent.
+
+    ``untuned_only`` drops pairs that have a stored winner by now.
+    """
+    check_page(offset, limit)
+    stmt = select(Demand)
+    if device_key is not None:
+        stmt = stmt.where(Demand.device_key == device_key)
+    if untuned_only:
+        tuned = (
+            select(Winner.id)
+            .join(Device, Winner.device_id == Device.id)
+            .join(Problem, Winner.problem_id == Problem.id)
+            .where(Device.key == Demand.device_key, Problem.key == Demand.problem_key)
+        )
+        stmt = stmt.where(~tuned.exists())
+    stmt = stmt.order_by(Demand.count.desc(), Demand.last_seen.desc(), Demand.id)
+    return [demand_record(r) for r in s.scalars(stmt.offset(offset).limit(limit))]

@@ -1,0 +1,89 @@
+"""The repository: every query of the results database lives behind these functions.
+
+Contract kept by every backend (SQLite, PostgreSQL):
+
+- Every function takes an open :class:`~sqlalchemy.orm.Session` first and runs inside the
+  caller's transaction; none commits. Use :func:`db.session_scope` (or
+  ``Database.session()``), which commits, rolls back, and translates database errors into
+  :class:`~db.errors.DuplicateError` / :class:`~db.errors.StorageError`.
+- Inputs are plain values (keys, canonical dicts, features computed by the caller with
+  ``autotuner.Problem``/``autotuner.Device``); invalid ones raise ``ValueError`` naming the
+  field, missing referenced rows raise :class:`~db.errors.NotFoundError`.
+- Results are frozen records (:mod:`db.records`), never ORM rows, detached from the session.
+  Measurements never change once stored; winners are derived from them.
+- Upserts (devices, problems, demand, winners) and job claims are safe under concurrency
+  from many processes. On PostgreSQL take locks in one order to avoid deadlocks: devices,
+  then problems by key, then winner recomputations by problem id; one transaction per
+  (device, problem) batch is simplest.
+- Engines and sessions are not shared across processes; a session is used by one thread.
+"""
+
+from __future__ import annotations
+
+from db._queue import (
+    claim_job,
+    enqueue_job,
+    finish_job,
+    get_job,
+    heartbeat_job,
+    list_demand,
+    list_jobs,
+    record_miss,
+)
+from db._results import (
+    SORT_KEYS,
+    get_device,
+    get_device_by_key,
+    get_problem,
+    get_problem_by_key,
+    get_winner,
+    list_devices,
+    list_measurements,
+    list_problems,
+    list_winners,
+    log_feature,
+    nearest_winners,
+    recompute_winner,
+    record_measurements,
+    upsert_device,
+    upsert_problem,
+)
+from db._tokens import add_token, check_token, list_tokens, revoke_token, token_hash
+from db.optuna_storage import OPTUNA_SCHEMA, ensure_optuna_schema, optuna_storage_url
+from db.rule import choose_winner
+
+__all__ = [
+    "OPTUNA_SCHEMA",
+    "SORT_KEYS",
+    "add_token",
+    "check_token",
+    "choose_winner",
+    "claim_job",
+    "enqueue_job",
+    "ensure_optuna_schema",
+    "finish_job",
+    "get_device",
+    "get_device_by_key",
+    "get_job",
+    "get_problem",
+    "get_problem_by_key",
+    "get_winner",
+    "heartbeat_job",
+    "list_demand",
+    "list_devices",
+    "list_jobs",
+    "list_measurements",
+    "list_problems",
+    "list_tokens",
+    "list_winners",
+    "log_feature",
+    "nearest_winners",
+    "optuna_storage_url",
+    "record_measurements",
+    "record_miss",
+    "recompute_winner",
+    "revoke_token",
+    "token_hash",
+    "upsert_device",
+    "upsert_problem",
+]

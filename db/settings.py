@@ -1,0 +1,137 @@
+"""The one settings object of the project, read from ``AUTOTUNER_*`` environment variables.
+
+``Settings`` lives here, at the bottom of the dependency graph (``service -> db``), so the
+service, the tuner and the CLI all read the same fields the same way. Fields:
+
+- ``AUTOTUNER_DB_URL``: SQLAlchemy URL or a bare file path; default ``autotuner.db`` in the
+  current directory. ``postgres://`` and ``postgresql://`` are normalised to
+  ``postgresql+psycopg://`` (psycopg 3), a bare path to an absolute ``sqlite:///`` URL.
+- ``AUTOTUNER_WRITE_TOKENS`` / ``AUTOTUNER_READ_TOKENS``: comma-separated bearer tokens
+  (in addition to the tokens table).
+- ``AUTOTUNER_MAX_BODY_BYTES``, ``AUTOTUNER_MAX_BATCH``, ``AUTOTUNER_LEASE_SECONDS``: limits.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from sqlalchemy.engine import make_url
+
+__all__ = ["DEFAULT_DB_FILE", "Settings", "get_settings", "normalize_db_url", "redact_db_url"]
+
+DEFAULT_DB_FILE = "autotuner.db"
+
+_PG_PREFIXES = ("postgres://", "postgresql://")
+
+
+def normalize_db_url(url: str | os.PathLike[str]) -> str:
+    """Return a SQLAlchemy URL for ``url``.
+
+    - ``postgres://...`` and ``postgresql://...`` become ``postgresql+psycopg://...``;
+      URLs naming a driver explicitly (``postgresql+psycopg://``) are kept.
+    - A bare file path (no ``://``) becomes ``sqlite:///ABSOLUTE/PATH`` (``~`` expanded);
+      ``:memory:`` becomes ``sqlite://``.
+    - Anything else with a scheme (``sqlite:///x.db``) is returned unchanged.
+
+    Raises ``ValueError`` for an empty URL.
+    """
+    text = os.fspath(url).strip()
+    if not text:
+        raise ValueError("database URL is empty; set AUTOTUNER_DB_URL or pass --db URL")
+    for prefix in _PG_PREFIXES:
+        if text.startswith(prefix):
+            return "postgresql+psycopg://" + text[len(prefix) :]
+    if "://" in text:
+        return text
+    if text == ":memory:":
+        return "sqlite://"
+    path = Path(text).expanduser().resolve()
+    return f"sqlite:///{path}"
+
+
+def redact_db_url(url: str) -> str:
+    """``url`` with its password (if any) replaced by ``***``, for messages and logs."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # not parseable: show only the scheme
+        return url.split("://", 1)[0] + "://..." if "://" in url else url
+
+
+def _split_tokens(value: Any) -> Any:
+    """``"a, b,,c"`` -> ``["a", "b", "c"]``; a JSON list (``'["a", "b"]'``) is accepted too."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            try:
+                parsed = json.loads(text)
+            except ValueError:
+                parsed = None
+            if isinstance(parsed, list):
+                return [str(part).strip() for part in parsed if str(part).strip()]
+        return [part.strip() for part in text.split(",") if part.strip()]
+    return value
+
+
+class Settings(BaseSettings):
+    """Process-wide settings; every field can be set as ``AUTOTUNER_<FIELD>``."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="AUTOTUNER_",
+        extra="ignore",
+        frozen=True,
+    )
+
+    db_url: str = Field(
+        default_factory=lambda: normalize_db_url(Path.cwd() / DEFAULT_DB_FILE),
+        description="SQLAlchemy URL (or file path) of the results database.",
+    )
+    # repr=False: tokens never show up in logs or tracebacks that print the settings.
+    write_tokens: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        repr=False,
+        description="Bearer tokens allowed to write (comma-separated).",
+    )
+    read_tokens: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        repr=False,
+        description="Bearer tokens allowed to read (comma-separated).",
+    )
+    max_body_bytes: int = Field(default=1_000_000, gt=0)
+    max_batch: int = Field(default=1000, gt=0)
+    lease_seconds: float = Field(default=300.0, gt=0)
+
+    def __repr_args__(self) -> Any:
+        # Never print a database password.
+        for name, value in super().__repr_args__():
+            if name == "db_url" and isinstance(value, str):
+                value = redact_db_url(value)
+            yield name, value
+
+    @field_validator("db_url", mode="before")
+    @classmethod
+    def _normalize_db_url(cls, value: Any) -> Any:
+        if isinstance(value, str | os.PathLike):
+            return normalize_db_url(value)
+        return value
+
+    @field_validator("write_tokens", "read_tokens", mode="before")
+    @classmethod
+    def _split(cls, value: Any) -> Any:
+        return _split_tokens(value)
+
+
+@functools.lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    """The settings read from the environment, built once per process.
+
+    Call ``get_settings.cache_clear()`` after changing the environment (tests).
+    """
+    return Settings()

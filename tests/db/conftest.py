@@ -1,0 +1,149 @@
+"""Fixtures for the db tests: a fresh database per test, on SQLite and on PostgreSQL.
+
+``backend`` is parametrised over ``["sqlite", "postgres"]``. PostgreSQL tests (marked
+``postgres``) connect to ``AUTOTUNER_TEST_PG_URL`` (a database the user may create databases
+from, e.g. ``postgresql+psycopg://postgres:postgres@127.0.0.1:5432/autotuner_test``; see
+scripts/ci_services.sh). Without it they skip, unless ``AUTOTUNER_REQUIRE_POSTGRES=1``:
+then they fail. Every PostgreSQL test gets its own database (``CREATE DATABASE ...
+TEMPLATE`` of one migrated once per session), dropped afterwards; every SQLite test a copy
+of a migrated file under ``tmp_path``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.engine import make_url
+from sqlalchemy.pool import NullPool
+
+from db import Database, normalize_db_url, upgrade
+
+PG_URL_ENV = "AUTOTUNER_TEST_PG_URL"
+REQUIRE_PG_ENV = "AUTOTUNER_REQUIRE_POSTGRES"
+
+BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+
+def _require_postgres() -> bool:
+    return os.environ.get(REQUIRE_PG_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+def _unavailable(reason: str) -> None:
+    if _require_postgres():
+        pytest.fail(f"PostgreSQL required ({REQUIRE_PG_ENV}=1) but {reason}", pytrace=False)
+    pytest.skip(f"PostgreSQL not available: {reason} (set {PG_URL_ENV})")
+
+
+class PgServer:
+    """Creates and drops uniquely named databases on the test server."""
+
+    def __init__(self, url: str) -> None:
+        self.url = make_url(normalize_db_url(url))
+        self.admin: Engine = create_engine(
+            self.url, isolation_level="AUTOCOMMIT", poolclass=NullPool
+        )
+        self._prefix = f"autotuner_t{os.getpid()}_{uuid.uuid4().hex[:6]}"
+        self._counter = itertools.count()
+        self._template: str | None = None
+        self._created: set[str] = set()
+
+    def url_for(self, name: str) -> str:
+        return self.url.set(database=name).render_as_string(hide_password=False)
+
+    def create(self, *, template: str | None = None) -> str:
+        name = f"{self._prefix}_{next(self._counter)}"
+        with self.admin.connect() as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}" TEMPLATE "{template or "template1"}"'))
+        self._created.add(name)
+        return name
+
+    def drop(self, name: str) -> None:
+        with self.admin.connect() as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        self._created.discard(name)
+
+    def migrated_template(self) -> str:
+        """A database at the head revision, created once, used as a template."""
+        if self._template is None:
+            name = self.create()
+            upgrade(self.url_for(name))  # disposes its engine: no session left on the template
+            self._template = name
+        return self._template
+
+    def close(self) -> None:
+        for name in sorted(self._created):
+            self.drop(name)
+        self.admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PgServer]:
+    url = os.environ.get(PG_URL_ENV, "").strip()
+    if not url:
+        _unavailable(f"{PG_URL_ENV} is not set")
+    server = PgServer(url)
+    try:
+        with server.admin.connect() as conn:
+            conn.execute(text("SELECT 1"))
+    except Exception as exc:  # any connection failure means "unavailable"
+        server.admin.dispose()
+        _unavailable(f"cannot connect to {server.url.render_as_string()}: {exc}")
+    yield server
+    server.close()
+
+
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite file at the head revision, copied for every test."""
+    path = tmp_path_factory.mktemp("template") / "autotuner.db"
+    upgrade(f"sqlite:///{path}")
+    for suffix in ("-wal", "-shm"):  # the last connection closed: the WAL is checkpointed
+        assert not Path(f"{path}{suffix}").exists() or Path(f"{path}{suffix}").stat().st_size == 0
+    return path
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def db_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """URL of a fresh database migrated to head."""
+    if backend == "sqlite":
+        template = request.getfixturevalue("sqlite_template")
+        path = tmp_path / "autotuner.db"
+        shutil.copyfile(template, path)
+        yield f"sqlite:///{path}"
+        return
+    pg: PgServer = request.getfixturevalue("pg_server")
+    name = pg.create(template=pg.migrated_template())
+    yield pg.url_for(name)
+    pg.drop(name)
+
+
+@pytest.fixture
+def empty_db_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """URL of a fresh, empty database (no tables)."""
+    if backend == "sqlite":
+        yield f"sqlite:///{tmp_path / 'empty.db'}"
+        return
+    pg: PgServer = request.getfixturevalue("pg_server")
+    name = pg.create()
+    yield pg.url_for(name)
+    pg.drop(name)
+
+
+@pytest.fixture
+def database(db_url: str) -> Iterator[Database]:
+    """A :class:`db.Database` on a fresh migrated database."""
+    database = Database(db_url)
+    yield database
+    database.dispose()
