@@ -92,6 +92,7 @@ class Candidate:
     ratio_lo: float | None = None
     ratio_hi: float | None = None
     efficiency: float | None = None
+    pruned: bool = False               # timing stopped early by the tuner's pruner
 
     def fail(self, reason: str) -> None:
         self.status, self.reason = "failed", reason
@@ -290,8 +291,13 @@ class LocalRunner:
 
 def run_session(runner: Runner, problem: Problem, strategies: Sequence[Strategy], *, reps: int = 7,
                 log: Callable[[str], None] | None = None,
-                on_rep: Callable[[int, int], None] | None = None) -> SessionResult:
-    """Measure `strategies` (the baseline is added first if missing) in one interleaved session."""
+                on_rep: Callable[[int, int], None] | None = None,
+                prune: Callable[[int, Candidate, Candidate, int], bool] | None = None) -> SessionResult:
+    """Measure `strategies` (the baseline is added first if missing) in one interleaved session.
+
+    `prune(index, candidate, baseline, reps_done)` is asked after every repetition from the third
+    on; when it says True the candidate's timing stops there (its samples so far are kept).
+    """
     t_start = time.perf_counter()
     strategies = list(strategies)
     if not strategies or not strategies[0].is_baseline:
@@ -314,7 +320,7 @@ def run_session(runner: Runner, problem: Problem, strategies: Sequence[Strategy]
         if has_parts:
             order += [COMM, COMP] if r % 2 == 0 else [COMP, COMM]
         for prog in order:
-            if isinstance(prog, int) and cands[prog].status != "ok":
+            if isinstance(prog, int) and (cands[prog].status != "ok" or cands[prog].pruned):
                 continue
             try:
                 t = runner.time(prog)
@@ -333,6 +339,13 @@ def run_session(runner: Runner, problem: Problem, strategies: Sequence[Strategy]
                 comp.append(t)
             else:
                 cands[prog].samples.append(t)
+        if prune and r + 1 >= 3 and base.status == "ok":
+            for i in live[1:]:
+                c = cands[i]
+                if c.status == "ok" and not c.pruned and prune(i, c, base, r + 1):
+                    c.pruned = True
+                    if log:
+                        log(f"  {c.key}: pruned after {r + 1} repetitions")
         if on_rep:
             on_rep(r + 1, reps)
     for c in cands:
