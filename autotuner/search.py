@@ -197,7 +197,7 @@ def tune_problem(ts: Any, database: Any, problem: Problem, *, trials: int = 24, 
             break
         by_index = {i + 1: t for i, (t, _s) in enumerate(picked)}
 
-        def prune(i: int, c: Candidate, base: Candidate, r: int) -> bool:
+        def prune(i: int, c: Candidate, base: Candidate, r: int, by_index: dict = by_index) -> bool:
             t = by_index[i]
             if not c.samples or not base.samples:
                 return False
