@@ -20,7 +20,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from .problem import Problem
-from .strategy import Strategy
+from .strategy import CHUNKS, Strategy
 from .testing import TOLERANCE
 
 COMM, COMP = "comm", "comp"  # program ids of the collective alone and the einsum alone
@@ -62,10 +62,11 @@ def ratio_ci(base: Sequence[float], cand: Sequence[float], *, level: float = 0.9
 
 def bound(t_comm: float, t_comp: float, n: int) -> float:
     """What perfect overlap could reach: max(T_comm, T_comp) plus the pipeline's fill, the smaller
-    of one ring step's transfer (T_comm/(n-1)) and one step's einsum (T_comp/n)."""
+    of one ring step's transfer (T_comm/(n-1)) and one step's einsum (T_comp/n), at the finest
+    chunking the space offers (a pipeline stage is a shard split in max(CHUNKS) pieces)."""
     if n <= 1:
         return t_comp
-    return max(t_comm, t_comp) + min(t_comm / (n - 1), t_comp / n)
+    return max(t_comm, t_comp) + min(t_comm / (n - 1), t_comp / n) / max(CHUNKS)
 
 
 def efficiency(t_base: float, t: float, t_bound: float) -> float | None:
@@ -131,7 +132,7 @@ class Runner(Protocol):
     def prepare(self, problem: Problem, strategies: Sequence[Strategy]) -> list[dict[str, Any]]:
         """Build and compile the baseline (index 0 must be it), the candidates and the parts;
         check each candidate's numbers against the baseline; warm up. One status dict per
-        strategy: {"ok", "reason", "compile_s", "memory", "error"}; plus parts' status."""
+        strategy: {"ok", "reason", "compile_s", "memory", "rel_error"}; plus parts' status."""
         ...
 
     def time(self, program: int | str) -> float:
@@ -224,19 +225,19 @@ class LocalRunner:
         from .strategies import build
 
         problem, args = self.problem, self.args
-        st: dict[str, Any] = {"ok": False, "reason": None, "compile_s": None, "memory": None, "error": None}
+        st: dict[str, Any] = {"ok": False, "reason": None, "compile_s": None, "memory": None, "rel_error": None}
         try:
             compiled, st["compile_s"], st["memory"] = self._compile(build(problem, strategy, self.mesh), args)
             out = self._run(compiled, args)
             if index == 0:
                 self.ref = out
-                st["error"] = 0.0
+                st["rel_error"] = 0.0
             else:
                 if self.ref is None:
                     raise RuntimeError("the baseline failed, nothing to check against")
-                st["error"] = _local_value(self.err_fn(out, self.ref))
+                st["rel_error"] = _local_value(self.err_fn(out, self.ref))
                 tol = 2 * TOLERANCE[problem.dtype]
-                if not st["error"] <= tol:
+                if not st["rel_error"] <= tol:
                     raise ArithmeticError(f"numerics mismatch: relative error {st['error']:.3g} "
                                           f"against the baseline (tolerance {tol:g})")
             for _ in range(self.warmup):
@@ -304,7 +305,7 @@ def run_session(runner: Runner, problem: Problem, strategies: Sequence[Strategy]
         strategies = [Strategy.baseline()] + [s for s in strategies if not s.is_baseline]
     cands = [Candidate(s.to_dict(), s.key) for s in strategies]
     for c, st in zip(cands, runner.prepare(problem, strategies), strict=True):
-        c.compile_s, c.memory, c.error = st.get("compile_s"), st.get("memory"), st.get("error")
+        c.compile_s, c.memory, c.error = st.get("compile_s"), st.get("memory"), st.get("rel_error")
         if not st["ok"]:
             c.fail(st["reason"] or "failed")
             if log:
