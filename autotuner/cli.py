@@ -19,7 +19,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
                   help="Pick, per sharded einsum and device, the fastest collective/einsum overlap.")
 db_app = typer.Typer(no_args_is_help=True, help="Manage the results database.")
 app.add_typer(db_app, name="db")
-err = Console(stderr=True, width=None if sys.stderr.isatty() else 150)
+err = Console(stderr=True, width=None if sys.stderr.isatty() else 150, emoji=False)
 
 
 def fail(message: str, code: int = 2) -> None:
