@@ -238,7 +238,7 @@ class LocalRunner:
                 st["rel_error"] = _local_value(self.err_fn(out, self.ref))
                 tol = 2 * TOLERANCE[problem.dtype]
                 if not st["rel_error"] <= tol:
-                    raise ArithmeticError(f"numerics mismatch: relative error {st['error']:.3g} "
+                    raise ArithmeticError(f"numerics mismatch: relative error {st['rel_error']:.3g} "
                                           f"against the baseline (tolerance {tol:g})")
             for _ in range(self.warmup):
                 t0 = time.perf_counter()

@@ -1,0 +1,122 @@
+"""`autotuner tune`: problems files, JSON output, the database, clear errors (real subprocesses)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SMALL = {"equation": "sd,df->sf", "lhs": {"shape": [64, 32], "spec": ["x", None]},
+         "rhs": {"shape": [32, 64], "spec": [None, "x"]}, "out_spec": [None, "x"],
+         "dtype": "float32", "mesh": {"x": 2}}
+SMALL_RS = {"equation": "sf,fd->sd", "lhs": {"shape": [64, 32], "spec": [None, "x"]},
+            "rhs": {"shape": [32, 16], "spec": ["x", None]}, "out_spec": ["x", None],
+            "dtype": "float32", "mesh": {"x": 2}}
+
+
+def run(args: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "AUTOTUNER_DB"))}
+    return subprocess.run([sys.executable, "-m", "autotuner.cli", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def rows(db: Path, sql: str) -> list[tuple]:
+    with sqlite3.connect(db) as c:
+        return list(c.execute(sql))
+
+
+@pytest.mark.slow
+def test_tune_exhaustive_json_and_database(tmp_path):
+    f = tmp_path / "p.jsonl"
+    f.write_text(json.dumps(SMALL) + "\n" + json.dumps(SMALL_RS) + "\n")
+    r = run(["tune", "--problems", str(f), "--target", "inproc:2", "--exhaustive", "--reps", "3", "--json"],
+            tmp_path)
+    assert r.returncode == 0, r.stderr
+    lines = [json.loads(x) for x in r.stdout.splitlines()]
+    assert len(lines) == 2
+    for line in lines:
+        assert set(line) >= {"key", "problem", "device", "winner", "speedup", "baseline_s", "winner_s",
+                             "bound_s", "efficiency", "trials", "seconds", "failed"}
+        assert line["device"]["topology"] == "inproc" and line["device"]["num_devices"] == 2
+        assert line["failed"] == 0 and line["winner"]["method"] in ("baseline", "ring")
+    assert "tuned" in r.stderr                                  # the summary table
+    db = tmp_path / "autotuner.db"
+    assert rows(db, "select count(*) from winners") == [(2,)]
+    n_meas = rows(db, "select count(*) from measurements")[0][0]
+    assert n_meas == lines[0]["trials"] + lines[1]["trials"]
+
+
+@pytest.mark.slow
+def test_tune_search_respects_the_trial_budget(tmp_path):
+    f = tmp_path / "p.json"
+    p = dict(SMALL, mesh={"x": 4}, lhs={"shape": [64, 32], "spec": ["x", None]},
+             rhs={"shape": [32, 64], "spec": [None, "x"]})
+    f.write_text(json.dumps([p]))
+    r = run(["tune", "--problems", str(f), "--target", "inproc:4", "--trials", "6", "--reps", "3", "--json"],
+            tmp_path)
+    assert r.returncode == 0, r.stderr
+    line = json.loads(r.stdout)
+    assert line["trials"] == 6
+    db = tmp_path / "autotuner.db"
+    keys = [k for (k,) in rows(db, "select strategy_key from measurements where strategy_key != 'baseline'")]
+    assert len(keys) == 6 and len(set(keys)) == 6              # nothing measured twice
+    optuna_tables = {t for (t,) in rows(tmp_path / "autotuner.optuna.db", "select name from sqlite_master")}
+    our_tables = {t for (t,) in rows(db, "select name from sqlite_master")}
+    assert "studies" in optuna_tables and "measurements" not in optuna_tables  # Optuna's apart from ours
+    assert "studies" not in our_tables and "measurements" in our_tables
+
+
+BAD_FILES = [
+    ("bad.json", '{"equation": "ij,jk->ik",\n "lhs": }', "bad.json: invalid JSON at line 2"),
+    ("bad.yaml", "- equation: ij,jk->ik\n  lhs: [unclosed\n", "bad.yaml: invalid YAML at line"),
+    ("bad.jsonl", json.dumps(SMALL) + "\n" + json.dumps(dict(SMALL, dtype="int4")) + "\n",
+     "bad.jsonl: line 2: dtype: unsupported dtype"),
+    ("bad2.json", json.dumps([SMALL, dict(SMALL, lhs={"shape": [63, 32], "spec": ["x", None]})]),
+     "bad2.json: item 1: lhs.shape[0]"),
+    ("bad.yml", "equation: ij,jk->ik\nlhs: {shape: [4, 4]}\n", "bad.yml: item 0: mesh: missing field"),
+    ("empty.json", "", "empty.json: the file is empty"),
+]
+
+
+@pytest.mark.parametrize("name, text, message", BAD_FILES, ids=[b[0] for b in BAD_FILES])
+def test_bad_problems_file_names_file_item_and_field(tmp_path, name, text, message):
+    f = tmp_path / name
+    f.write_text(text)
+    r = run(["tune", "--problems", str(f), "--target", "inproc:2", "--exhaustive"], tmp_path, timeout=60)
+    assert r.returncode == 2
+    assert message in " ".join(r.stderr.split()), r.stderr
+    assert "Traceback" not in r.stderr
+    assert not (tmp_path / "autotuner.db").exists()             # nothing half written
+
+
+def test_bad_target_and_missing_file(tmp_path):
+    r = run(["tune", "--target", "gpu:9", "--exhaustive"], tmp_path, timeout=60)
+    assert r.returncode == 2 and "expected inproc:N" in r.stderr and "Traceback" not in r.stderr
+    r = run(["tune", "--problems", str(tmp_path / "nope.json"), "--target", "inproc:2"], tmp_path, timeout=60)
+    assert r.returncode == 2 and "nope.json: cannot read" in r.stderr
+
+
+def test_mesh_larger_than_target_is_a_clear_error(tmp_path):
+    f = tmp_path / "p.json"
+    f.write_text(json.dumps(dict(SMALL, mesh={"x": 8}, lhs={"shape": [64, 32], "spec": ["x", None]},
+                                 rhs={"shape": [32, 64], "spec": [None, "x"]})))
+    r = run(["tune", "--problems", str(f), "--target", "inproc:2", "--exhaustive"], tmp_path, timeout=120)
+    assert r.returncode == 2 and "needs 8 devices" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_stale_schema_names_the_upgrade_command(tmp_path):
+    db = tmp_path / "old.db"
+    with sqlite3.connect(db) as c:
+        c.execute("create table something_else (x int)")
+    f = tmp_path / "p.json"
+    f.write_text(json.dumps(SMALL))
+    r = run(["tune", "--problems", str(f), "--target", "inproc:2", "--exhaustive", "--db", str(db)], tmp_path,
+            timeout=120)
+    assert r.returncode == 2 and "autotuner db upgrade" in r.stderr and "Traceback" not in r.stderr
+    r = run(["db", "upgrade", "--db", str(db)], tmp_path, timeout=120)
+    assert r.returncode == 0, r.stderr
