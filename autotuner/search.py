@@ -28,7 +28,6 @@ from .strategy import Strategy
 log = logging.getLogger(__name__)
 
 KNOBS = ("direction", "chunks", "unroll", "fuse", "send_first")
-LEASE_S = 900.0  # a RUNNING trial untouched for this long belongs to a dead worker
 
 
 @dataclass
@@ -53,17 +52,28 @@ def strategy_of(params: dict[str, Any]) -> Strategy:
     return Strategy("ring", **{k: params[k] for k in KNOBS})
 
 
-def open_study(db_url: str, device: Device, problem: Problem, *, seed: int | None = None) -> Any:
+def open_study(database: Any, db_url: str, device: Device, problem: Problem, *, seed: int | None = None) -> Any:
     import optuna
 
     from db import ensure_optuna_schema, optuna_storage_url
+    from db import repository as repo
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     ensure_optuna_schema(db_url)
-    storage = optuna.storages.RDBStorage(optuna_storage_url(db_url),
-                                         engine_kwargs={"pool_pre_ping": True})
+    # Optuna creates its tables (and studies) without guarding against a concurrent creator:
+    # workers starting together take turns.
+    with database.session() as s:
+        repo.named_lock(s, "optuna-storage")
+        storage = optuna.storages.RDBStorage(optuna_storage_url(db_url),
+                                             engine_kwargs={"pool_pre_ping": True})
+        return _create_study(storage, device, problem, seed)
+
+
+def _create_study(storage: Any, device: Device, problem: Problem, seed: int | None) -> Any:
+    import optuna
+
     sampler = optuna.samplers.TPESampler(multivariate=True, constant_liar=True, n_startup_trials=6,
-                                         seed=seed, warn_independent_sampling=False)
+                                         seed=seed)
     pruner = optuna.pruners.MedianPruner(n_startup_trials=3, n_warmup_steps=3)
     return optuna.create_study(study_name=study_name(device, problem), storage=storage, sampler=sampler,
                                pruner=pruner, direction="maximize", load_if_exists=True)
@@ -122,6 +132,32 @@ def warm_start(study: Any, database: Any, device: Device, problem: Problem, vali
     return n
 
 
+def _ask(study: Any, valid: set[str], worker: str, lease_s: float) -> tuple[Any, Strategy | None]:
+    """Ask for a trial; claim its strategy unless it is invalid here or already claimed."""
+    import optuna
+
+    t = study.ask()
+    params = {"direction": t.suggest_categorical("direction", ["uni", "bidi"]),
+              "chunks": t.suggest_categorical("chunks", [1, 2, 4]),
+              "unroll": t.suggest_categorical("unroll", [1, 2, "full"]),
+              "fuse": t.suggest_categorical("fuse", ["loop", "after"]),
+              "send_first": t.suggest_categorical("send_first", [True, False])}
+    s = strategy_of(params)
+    if s.key not in valid:  # not in this problem's space: never built, never measured
+        t.set_user_attr("measured", False)
+        study.tell(t, state=optuna.trial.TrialState.FAIL)
+        return t, None
+    first = _measured_keys(study).get(s.key)
+    if first is not None:  # measured, or being measured, by this or another worker
+        t.set_user_attr("measured", False)
+        study.tell(t, state=optuna.trial.TrialState.PRUNED)
+        return t, None
+    t.set_user_attr("strategy_key", s.key)
+    t.set_user_attr("worker", worker)
+    t.set_user_attr("lease_until", time.time() + lease_s)
+    return t, s
+
+
 def tune_problem(ts: Any, database: Any, problem: Problem, *, trials: int = 24, seconds: float | None = None,
                  reps: int = 7, batch: int = 4, run_id: str | None = None, progress: Any = None,
                  name: str = "", seed: int | None = None, db_url: str | None = None,
@@ -135,17 +171,19 @@ def tune_problem(ts: Any, database: Any, problem: Problem, *, trials: int = 24, 
     """
     import optuna
 
+    from db import get_settings
     from db import repository as repo
 
     from . import store
     from .space import space
 
     t0 = time.monotonic()
+    lease_s = get_settings().trial_lease_seconds  # a RUNNING trial untouched this long: dead worker
     url = db_url or str(database.url)
     device = ts.device
     cands = [s for s in space(problem, device) if not s.is_baseline]
     valid = {s.key for s in cands}
-    study = open_study(url, device, problem, seed=seed)
+    study = open_study(database, url, device, problem, seed=seed)
     _reclaim_stale(study, time.time())
     if len(cands) <= trials:
         for s in cands:
@@ -169,41 +207,44 @@ def tune_problem(ts: Any, database: Any, problem: Problem, *, trials: int = 24, 
             break
         picked: list[tuple[Any, Strategy]] = []
         asks = 0
+        misses = 0
         while len(picked) < min(batch, budget - len(done)) and asks < 20 * batch:
             asks += 1
-            t = study.ask()
-            params = {"direction": t.suggest_categorical("direction", ["uni", "bidi"]),
-                      "chunks": t.suggest_categorical("chunks", [1, 2, 4]),
-                      "unroll": t.suggest_categorical("unroll", [1, 2, "full"]),
-                      "fuse": t.suggest_categorical("fuse", ["loop", "after"]),
-                      "send_first": t.suggest_categorical("send_first", [True, False])}
-            s = strategy_of(params)
-            if s.key not in valid:  # not in this problem's space: never built, never measured
-                t.set_user_attr("measured", False)
-                study.tell(t, state=optuna.trial.TrialState.FAIL)
-                continue
-            t.set_user_attr("strategy_key", s.key)
-            t.set_user_attr("worker", worker)
-            t.set_user_attr("lease_until", time.time() + LEASE_S)
-            first = _measured_keys(study).get(s.key)
-            if first is not None and first < t.number or any(s == q for _, q in picked):
-                t.set_user_attr("measured", False)   # someone measured (or is measuring) it already
-                study.tell(t, state=optuna.trial.TrialState.PRUNED)
-                continue
-            picked.append((t, s))
+            if misses >= 3:
+                # the sampler keeps proposing invalid or measured strategies: queue a fresh one
+                fresh = [s for s in cands if s.key not in _measured_keys(study) and s not in [q for _, q in picked]]
+                if not fresh:
+                    break
+                study.enqueue_trial(params_of(fresh[(asks * 7919) % len(fresh)]))
+                misses = 0
+            # ask + duplicate check + claim under one lock, so two workers never claim one strategy
+            with database.session() as s:
+                repo.named_lock(s, f"study:{study.study_name}")
+                if len(_measured_keys(study)) >= budget:  # other workers claimed the rest
+                    break
+                t, s_ = _ask(study, valid, worker, lease_s)
+                if s_ is not None and any(s_ == q for _, q in picked):
+                    t.set_user_attr("measured", False)
+                    study.tell(t, state=optuna.trial.TrialState.PRUNED)
+                    s_ = None
+            if s_ is not None:
+                picked.append((t, s_))
+            else:
+                misses += 1
         if not picked:
             if asks >= 20 * batch:
                 log.info("%s: the sampler keeps proposing measured strategies; stopping", name)
             break
         by_index = {i + 1: t for i, (t, _s) in enumerate(picked)}
 
-        def prune(i: int, c: Candidate, base: Candidate, r: int, by_index: dict = by_index) -> bool:
+        def prune(i: int, c: Candidate, base: Candidate, r: int, by_index: dict = by_index,
+                  lease_s: float = lease_s) -> bool:
             t = by_index[i]
             if not c.samples or not base.samples:
                 return False
             ratio = float(sorted(base.samples)[len(base.samples) // 2] / sorted(c.samples)[len(c.samples) // 2])
             t.report(ratio, r)
-            t.set_user_attr("lease_until", time.time() + LEASE_S)
+            t.set_user_attr("lease_until", time.time() + lease_s)
             return bool(t.should_prune()) and ratio < 1.0
 
         session = run_session(ts.runner(problem), problem, [baseline] + [s for _, s in picked], reps=reps,

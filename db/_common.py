@@ -88,3 +88,15 @@ def json_object(value: Any, name: str, *, optional: bool = False) -> dict[str, A
     if not isinstance(value, dict):
         raise ValueError(f"{name} must be a JSON object (dict), not {type(value).__name__}")
     return value
+
+
+def named_lock(s: Session, name: str) -> None:
+    """Serialise, until the transaction ends, every transaction that takes the lock `name`.
+
+    PostgreSQL: a transaction-scoped advisory lock on a hash of the name. SQLite: nothing to
+    do, since our transactions begin with BEGIN IMMEDIATE and so already hold the one write lock.
+    """
+    if dialect(s) == "postgresql":
+        from sqlalchemy import text
+
+        s.execute(text("SELECT pg_advisory_xact_lock(hashtextextended(:name, 0))"), {"name": name})

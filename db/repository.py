@@ -20,6 +20,7 @@ Contract kept by every backend (SQLite, PostgreSQL):
 
 from __future__ import annotations
 
+from db._common import named_lock
 from db._queue import (
     claim_job,
     enqueue_job,
@@ -73,6 +74,7 @@ __all__ = [
     "list_devices",
     "list_jobs",
     "list_measurements",
+    "named_lock",
     "list_problems",
     "list_tokens",
     "list_winners",
