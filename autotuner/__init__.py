@@ -12,7 +12,7 @@ from .problem import Pattern, Problem, ProblemError, problem_key
 from .strategy import Strategy, StrategyError
 
 __all__ = ["Device", "DeviceError", "Pattern", "Problem", "ProblemError", "Strategy",
-           "StrategyError", "build", "problem_key", "space"]
+           "StrategyError", "build", "extract", "problem_key", "space"]
 
 
 def __getattr__(name: str) -> Any:
@@ -21,6 +21,8 @@ def __getattr__(name: str) -> Any:
         from .strategies import build as fn
     elif name == "space":
         from .space import space as fn
+    elif name == "extract":
+        from .extract import extract as fn
     else:
         raise AttributeError(f"module 'autotuner' has no attribute {name!r}")
     globals()[name] = fn

@@ -263,6 +263,15 @@ def db_upgrade(
     err.print(f"database {url} is at revision {revision}")
 
 
+def _register_plugins() -> None:
+    from .cli_extract import register as register_extract
+
+    register_extract(app)
+
+
+_register_plugins()
+
+
 def main() -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     try:

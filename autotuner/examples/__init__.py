@@ -1,0 +1,1 @@
+"""Example models to extract sharded einsums from (see `autotuner extract`)."""
