@@ -116,7 +116,8 @@ class LabRunner:
         return self._call({"op": "add", "index": i, "strategy": self.strategies[i].to_dict()},
                           self.compile_timeout)
 
-    def prepare(self, problem: Problem, strategies: Sequence[Strategy]) -> list[dict[str, Any]]:
+    def prepare(self, problem: Problem, strategies: Sequence[Strategy], parts: bool = True
+                ) -> list[dict[str, Any]]:
         self.problem, self.strategies, self.ok = problem, list(strategies), []
         statuses: list[dict[str, Any]] = []
         self._begin()
@@ -129,7 +130,7 @@ class LabRunner:
             if st.get("ok"):
                 self.ok.append(i)
             statuses.append(st)
-        self.parts = self._parts()
+        self.parts = self._parts() if parts else False
         return statuses
 
     def _parts(self) -> bool:

@@ -129,7 +129,8 @@ class SessionResult:
 
 
 class Runner(Protocol):
-    def prepare(self, problem: Problem, strategies: Sequence[Strategy]) -> list[dict[str, Any]]:
+    def prepare(self, problem: Problem, strategies: Sequence[Strategy], parts: bool = True
+                ) -> list[dict[str, Any]]:
         """Build and compile the baseline (index 0 must be it), the candidates and the parts;
         check each candidate's numbers against the baseline; warm up. One status dict per
         strategy: {"ok", "reason", "compile_s", "memory", "rel_error"}; plus parts' status."""
@@ -194,12 +195,20 @@ class LocalRunner:
             out.append(jax.make_array_from_callback(x.shape, sh, lambda idx, x=x: x[idx]))
         return out[0], out[1]
 
-    def _compile(self, fn: Callable, args: tuple) -> tuple[Callable, float, dict | None]:
+    def _compile(self, fn: Callable, args: tuple, options: dict[str, Any] | None = None
+                 ) -> tuple[Callable, float, dict | None]:
+        """jit, lower and compile `fn` for `args`; `options` are XLA compile options (a strategy's
+        `compiler_options`, e.g. XLA's windowed einsum), passed for this compile only."""
         import jax
 
         t0 = time.perf_counter()
-        compiled = jax.jit(fn).lower(*args).compile()
+        lowered = jax.jit(fn).lower(*args)
+        compiled = lowered.compile(compiler_options=options) if options else lowered.compile()
         return compiled, time.perf_counter() - t0, _memory(compiled)
+
+    @property
+    def platform(self) -> str:
+        return str(self.mesh.devices.flat[0].platform)
 
     def _run(self, fn: Callable, args: tuple) -> Any:
         import jax
@@ -222,12 +231,13 @@ class LocalRunner:
 
     def add(self, index: int, strategy: Strategy) -> dict[str, Any]:
         """Compile one strategy, check it against the baseline (index 0, added first), warm up."""
-        from .strategies import build
+        from .strategies import build, compiler_options
 
         problem, args = self.problem, self.args
         st: dict[str, Any] = {"ok": False, "reason": None, "compile_s": None, "memory": None, "rel_error": None}
         try:
-            compiled, st["compile_s"], st["memory"] = self._compile(build(problem, strategy, self.mesh), args)
+            compiled, st["compile_s"], st["memory"] = self._compile(
+                build(problem, strategy, self.mesh), args, compiler_options(strategy, self.platform))
             out = self._run(compiled, args)
             if index == 0:
                 self.ref = out
@@ -266,10 +276,12 @@ class LocalRunner:
                 self._run(compiled, a)
             self.programs[key] = (compiled, a)
 
-    def prepare(self, problem: Problem, strategies: Sequence[Strategy]) -> list[dict[str, Any]]:
+    def prepare(self, problem: Problem, strategies: Sequence[Strategy], parts: bool = True
+                ) -> list[dict[str, Any]]:
         self.begin(problem)
         statuses = [self.add(i, s) for i, s in enumerate(strategies)]
-        self.add_parts()
+        if parts:
+            self.add_parts()
         return statuses
 
     @staticmethod
@@ -293,9 +305,12 @@ class LocalRunner:
 def run_session(runner: Runner, problem: Problem, strategies: Sequence[Strategy], *, reps: int = 7,
                 log: Callable[[str], None] | None = None,
                 on_rep: Callable[[int, int], None] | None = None,
-                prune: Callable[[int, Candidate, Candidate, int], bool] | None = None) -> SessionResult:
+                prune: Callable[[int, Candidate, Candidate, int], bool] | None = None,
+                parts: bool = True) -> SessionResult:
     """Measure `strategies` (the baseline is added first if missing) in one interleaved session.
 
+    `parts=False` skips timing the collective and the einsum alone (no bound then; a tuner
+    needs them once per problem, not once per batch).
     `prune(index, candidate, baseline, reps_done)` is asked after every repetition from the third
     on; when it says True the candidate's timing stops there (its samples so far are kept).
     """
@@ -304,14 +319,14 @@ def run_session(runner: Runner, problem: Problem, strategies: Sequence[Strategy]
     if not strategies or not strategies[0].is_baseline:
         strategies = [Strategy.baseline()] + [s for s in strategies if not s.is_baseline]
     cands = [Candidate(s.to_dict(), s.key) for s in strategies]
-    for c, st in zip(cands, runner.prepare(problem, strategies), strict=True):
+    for c, st in zip(cands, runner.prepare(problem, strategies, parts), strict=True):
         c.compile_s, c.memory, c.error = st.get("compile_s"), st.get("memory"), st.get("rel_error")
         if not st["ok"]:
             c.fail(st["reason"] or "failed")
             if log:
                 log(f"  {c.key}: failed: {c.reason}")
     base = cands[0]
-    has_parts = problem.pattern.kind != "none" and base.status == "ok"
+    has_parts = parts and problem.pattern.kind != "none" and base.status == "ok"
     live = [i for i, c in enumerate(cands) if c.status == "ok"]
     comm: list[float] = []
     comp: list[float] = []

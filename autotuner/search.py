@@ -159,7 +159,7 @@ def _ask(study: Any, valid: set[str], worker: str, lease_s: float) -> tuple[Any,
 
 
 def tune_problem(ts: Any, database: Any, problem: Problem, *, trials: int = 24, seconds: float | None = None,
-                 reps: int = 7, batch: int = 4, run_id: str | None = None, progress: Any = None,
+                 reps: int = 7, batch: int = 5, run_id: str | None = None, progress: Any = None,
                  name: str = "", seed: int | None = None, db_url: str | None = None,
                  order: Callable[[list[Strategy]], list[Strategy]] | None = None) -> TuneResult:
     """Tune one problem on an open target session `ts`; results into `database`.
@@ -248,7 +248,7 @@ def tune_problem(ts: Any, database: Any, problem: Problem, *, trials: int = 24, 
             return bool(t.should_prune()) and ratio < 1.0
 
         session = run_session(ts.runner(problem), problem, [baseline] + [s for _, s in picked], reps=reps,
-                              prune=prune)
+                              prune=prune, parts=bound_s is None)
         bound_s = session.bound_s if session.bound_s is not None else bound_s
         store.save(database, device, problem, store.session_items(session, run_id))
         for (t, _s), c in zip(picked, session.candidates, strict=True):

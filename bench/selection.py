@@ -1,6 +1,6 @@
 """Benchmark: how close the tuner gets to the exhaustive optimum, and at what cost.
 
-    python bench/selection.py --target lab:ring:4:1gbit --trials 10
+    python bench/selection.py --target lab:ring:4:1gbit --fraction 0.2
     python bench/selection.py --target lab:shared:2:2gbit --shapes mlp_up_balanced,attn_out
 
 Per shape of the suite: (1) exhaustive: every strategy of the space in one session, timed;
@@ -36,7 +36,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default="lab:ring:4:1gbit")
     ap.add_argument("--shapes", default="mlp_up_balanced,mlp_up_comm,qkv,attn_out,mlp_down_balanced")
-    ap.add_argument("--trials", type=int, default=10)
+    ap.add_argument("--fraction", type=float, default=0.2,
+                    help="trial budget as a fraction of each shape's space (at least 4 trials)")
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--check-reps", type=int, default=15)
     ap.add_argument("--scale", type=float, default=1.0)
@@ -64,9 +65,10 @@ def main() -> int:
             ex = run_session(ts.runner(p), p, strategies, reps=args.reps)
             t_ex = time.perf_counter() - t0
             best = Strategy.from_dict(ex.best().strategy)
-            log(f"{name}: tuning with {args.trials} trials")
+            trials = max(4, round(args.fraction * (len(strategies) - 1)))
+            log(f"{name}: tuning with {trials} trials")
             t1 = time.perf_counter()
-            res = tune_problem(ts, database, p, trials=args.trials, reps=args.reps, name=name, seed=0)
+            res = tune_problem(ts, database, p, trials=trials, reps=args.reps, name=name, seed=0)
             t_tune = time.perf_counter() - t1
             tuned = Strategy.from_dict(dict(res.winner.strategy)) if res.winner else Strategy.baseline()
             check = [Strategy.baseline()] + list(dict.fromkeys(s for s in (best, tuned) if not s.is_baseline))
