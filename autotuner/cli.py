@@ -45,7 +45,9 @@ def open_database(url: str, *, create: bool = True) -> Any:
         if not (create and database.dialect == "sqlite" and current_revision(database.engine) is None
                 and not _has_tables(database)):
             raise
-        err.print(f"creating the results database {url} (alembic upgrade head)")
+        from db.settings import redact_db_url
+
+        err.print(f"creating the results database {redact_db_url(url)} (alembic upgrade head)")
         database.upgrade()
     return database
 
@@ -97,9 +99,14 @@ def tune(
     items = _load(problems, tgt.n or 1, scale)
     if service and not token:
         fail("--service needs --token (a write token of the service)")
+    if service and db:
+        fail("give either --db (store locally) or --service (upload), not both")
     if service:
-        fail("uploading to a service (--service) is not available yet; store into --db")
-    database = open_database(_db_url(db))
+        from .worker import scratch_db_url
+
+        database = open_database(scratch_db_url(service))  # the study and measurements, then uploaded
+    else:
+        database = open_database(_db_url(db))
     if not exhaustive:
         try:
             from . import search  # noqa: F401
@@ -118,6 +125,8 @@ def tune(
                     fail(f"{name}: {e}")
                 row = _tune_one(ts, database, name, problem, run_id, exhaustive=exhaustive, trials=trials,
                                 seconds=seconds, reps=reps)
+                if service:
+                    row.update(_upload(service, token, ts.device, problem, database, run_id))
                 rows.append(row)
                 if json_out:
                     sys.stdout.write(json.dumps(row) + "\n")
@@ -170,6 +179,25 @@ def _tune_one(ts: Any, database: Any, name: str, problem: Any, run_id: str, *, e
             "seconds": round(time.perf_counter() - t0, 3), "failed": failed}
 
 
+def _upload(service: str, token: str | None, device: Any, problem: Any, database: Any, run_id: str
+            ) -> dict[str, Any]:
+    """Send this run's measurements to the service; its winner replaces the local one."""
+    import httpx
+
+    from .worker import ServiceError, http_client, run_items, upload
+
+    try:
+        with http_client(service, token) as http:
+            res = upload(http, device, problem, run_items(database, device, problem, run_id))
+    except (ServiceError, httpx.HTTPError) as e:
+        fail(f"{service}: {e} (the measurements stay in {database.url})")
+        raise AssertionError from e
+    w = res.get("winner") or {}
+    return {"uploaded": res["recorded"], "winner": w.get("strategy"), "speedup": w.get("speedup"),
+            "speedup_ci": [w.get("speedup_lo"), w.get("speedup_hi")], "baseline_s": w.get("baseline_s"),
+            "winner_s": w.get("winner_s")}
+
+
 def _fmt(x: float | None, spec: str) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
@@ -192,6 +220,38 @@ def _summary(rows: list[dict[str, Any]]) -> None:
     err.print(t)
 
 
+# -- worker ----------------------------------------------------------------------------------------
+
+@app.command()
+def worker(
+    service: Annotated[str, typer.Option(help="the service URL, e.g. http://autotuner:8000")],
+    token: Annotated[str, typer.Option(envvar="AUTOTUNER_WORKER_TOKEN", help="a write token of the service")],
+    target: Annotated[str | None, typer.Option(help="inproc:N, lab:TOPOLOGY:N:RATE or local")] = None,
+    once: Annotated[bool, typer.Option(help="stop when no job is left instead of polling")] = False,
+    poll: Annotated[float, typer.Option(min=0.1, help="seconds between claims when the queue is empty")] = 10.0,
+    lease: Annotated[float, typer.Option(min=5, help="job lease in seconds, renewed while tuning")] = 300.0,
+    trials: Annotated[int, typer.Option(min=1, help="default trial budget per job")] = 24,
+    reps: Annotated[int, typer.Option(min=3)] = 7,
+) -> None:
+    """Claim tuning jobs for this target's device from the service, tune them, upload results."""
+    import httpx
+
+    from .targets import Target, TargetError, TargetSession, default_target
+    from .worker import ServiceError, work
+
+    try:
+        tgt = Target.parse(target or default_target())
+        with TargetSession(tgt, log=lambda m: err.print(m, highlight=False)) as ts:
+            err.print(f"worker on {ts.device.label} ({ts.device.key[:8]}), service {service}", highlight=False)
+            n = work(ts, service, token, once=once, poll_s=poll, lease_s=lease, trials=trials, reps=reps,
+                     say=lambda m: err.print(m, highlight=False))
+    except (TargetError, ServiceError) as e:
+        fail(str(e))
+    except httpx.HTTPError as e:
+        fail(f"cannot reach {service}: {e}")
+    err.print(f"{n} job(s) done")
+
+
 # -- lab -------------------------------------------------------------------------------------------
 
 @app.command()
@@ -211,7 +271,99 @@ def lab(
     sys.stdout.write(json.dumps(result, indent=2, default=str) + "\n")
 
 
-# -- demo (make run until the full main job) -------------------------------------------------------
+# -- the main job (make run) -----------------------------------------------------------------------
+
+def best_target() -> tuple[str, str]:
+    """The best target this machine offers, and why."""
+    import shutil
+    import subprocess
+
+    cores = os.cpu_count() or 1
+    n = 2 if cores <= 4 else 4
+    if os.geteuid() == 0 and shutil.which("ip") and shutil.which("tc"):
+        if subprocess.run(["ip", "netns", "list"], capture_output=True).returncode == 0:
+            return f"lab:shared:{n}:2gbit", (f"root with network namespaces and tc: {n} JAX processes "
+                                              "over a loopback shaped to 2 Gbit/s, where overlap is real")
+        why = "no network namespaces here"
+    else:
+        why = "not root" if os.geteuid() != 0 else "no ip/tc"
+    return f"lab:none:{n}", (f"{why}: {n} JAX processes on plain loopback (no link shaping, so the "
+                             "transfers are memory-speed and overlap gains small)")
+
+
+@app.command()
+def up(
+    host: Annotated[str, typer.Option(help="address the service listens on")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=1, max=65535)] = 8000,
+    db: Annotated[str | None, typer.Option("--db", help="database URL (default ./autotuner.db)")] = None,
+    target: Annotated[str | None, typer.Option(help="override the chosen target")] = None,
+    trials: Annotated[int, typer.Option(min=1, help="trial budget per shape")] = 6,
+    reps: Annotated[int, typer.Option(min=3)] = 5,
+    tune_only: Annotated[bool, typer.Option(help="tune, then exit without serving")] = False,
+) -> None:
+    """The main job: tune the built-in transformer suite on the best target here, store the
+    results in the database, then serve them with the dashboard."""
+    from .search import tune_problem
+    from .suite import suite
+    from .targets import Target, TargetError, TargetSession
+
+    chosen, why = (target, "given with --target") if target else best_target()
+    err.print(f"target {chosen}: {why}", highlight=False)
+    url = _db_url(db)
+    database = open_database(url)
+    t0 = time.perf_counter()
+    rows = []
+    try:
+        tgt = Target.parse(chosen)
+        try:
+            ts = TargetSession(tgt, log=lambda m: err.print(m, highlight=False))
+        except Exception as e:  # noqa: BLE001 - a lab that cannot start: fall back, say why
+            if tgt.kind != "lab":
+                raise
+            err.print(f"the lab could not start ({e}); falling back to inproc:2", highlight=False)
+            ts = TargetSession(Target.parse("inproc:2"))
+        with ts:
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                TextColumn,
+                TimeElapsedColumn,
+            )
+
+            run_id = uuid.uuid4().hex[:12]
+            shapes = suite(ts.device.num_devices)
+            with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                          TimeElapsedColumn(), console=err, transient=True) as prog:
+                for name, _regime, p in shapes:
+                    t1 = time.perf_counter()
+                    res = tune_problem(ts, database, p, trials=trials, reps=reps, run_id=run_id,
+                                       progress=prog, name=name)
+                    w = res.winner
+                    rows.append({"name": name, "winner": w.strategy if w else None,
+                                 "speedup": w.speedup if w else None,
+                                 "speedup_ci": [w.speedup_lo, w.speedup_hi] if w else None,
+                                 "baseline_s": w.baseline_s if w else None, "winner_s": w.winner_s if w else None,
+                                 "bound_s": res.bound_s, "efficiency": None, "trials": res.trials,
+                                 "failed": res.failed, "seconds": time.perf_counter() - t1})
+    except TargetError as e:
+        fail(str(e))
+    _summary(rows)
+    err.print(f"tuned {len(rows)} shapes in {time.perf_counter() - t0:.0f} s into {url}", highlight=False)
+    if tune_only:
+        return
+    import uvicorn
+
+    from db import get_settings
+
+    os.environ["AUTOTUNER_DB_URL"] = url
+    get_settings.cache_clear()
+    err.print(f"dashboard: http://{host}:{port}/   (API: http://{host}:{port}/docs; Ctrl-C stops)",
+              highlight=False)
+    uvicorn.run("service.app:app", host=host, port=port, log_level="warning")
+
+
+# -- demo ------------------------------------------------------------------------------------------
 
 @app.command()
 def demo(
@@ -257,10 +409,11 @@ def db_upgrade(
 ) -> None:
     """Create or migrate the schema (alembic upgrade)."""
     from db import Database
+    from db.settings import redact_db_url
 
     url = _db_url(db)
     Database(url).upgrade(revision)
-    err.print(f"database {url} is at revision {revision}")
+    err.print(f"database {redact_db_url(url)} is at revision {revision}")
 
 
 def _register_plugins() -> None:

@@ -116,6 +116,10 @@ class Settings(BaseSettings):
     # client (autotuner.client.default_client): the service a training job asks
     service_url: str | None = None
     service_token: str | None = Field(default=None, repr=False)
+    cache_dir: Path = Field(
+        default_factory=lambda: Path.home() / ".cache" / "autotuner",
+        description="Local scratch: studies and measurements of runs that report to a service.",
+    )
     trial_lease_seconds: float = Field(
         default=900.0, gt=0,
         description="A tuner trial untouched this long belongs to a dead worker and is re-queued.",
