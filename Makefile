@@ -16,9 +16,10 @@ $(STAMP): pyproject.toml requirements.lock
 install: $(STAMP)
 
 run: $(STAMP)
-	$(VENV)/bin/autotuner demo
+	$(VENV)/bin/autotuner up
 
 test: $(STAMP)
+	scripts/test_deps.sh
 	$(PY) -m ruff check autotuner db service tests bench
 	$(PY) -m pytest
 

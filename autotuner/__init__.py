@@ -12,7 +12,7 @@ from .problem import Pattern, Problem, ProblemError, problem_key
 from .strategy import Strategy, StrategyError
 
 __all__ = ["Device", "DeviceError", "Pattern", "Problem", "ProblemError", "Strategy",
-           "StrategyError", "build", "extract", "problem_key", "space"]
+           "StrategyError", "build", "collective_einsum", "extract", "problem_key", "space"]
 
 
 def __getattr__(name: str) -> Any:
@@ -23,6 +23,8 @@ def __getattr__(name: str) -> Any:
         from .space import space as fn
     elif name == "extract":
         from .extract import extract as fn
+    elif name == "collective_einsum":
+        from .collective import collective_einsum as fn
     else:
         raise AttributeError(f"module 'autotuner' has no attribute {name!r}")
     globals()[name] = fn

@@ -418,8 +418,10 @@ def db_upgrade(
 
 def _register_plugins() -> None:
     from .cli_extract import register as register_extract
+    from .cli_service import register as register_service
 
     register_extract(app)
+    register_service(app)
 
 
 _register_plugins()

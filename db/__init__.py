@@ -17,6 +17,7 @@ from db import repository
 from db.errors import DuplicateError, LeaseError, NotFoundError, SchemaError, StorageError
 from db.optuna_storage import ensure_optuna_schema, optuna_storage_url
 from db.records import (
+    CalibrationRecord,
     DemandRecord,
     DeviceRecord,
     JobRecord,
@@ -45,6 +46,7 @@ from db.session import (
 from db.settings import Settings, get_settings, normalize_db_url
 
 __all__ = [
+    "CalibrationRecord",
     "Database",
     "DemandRecord",
     "DeviceRecord",

@@ -39,6 +39,7 @@ __all__ = [
     "NAMING_CONVENTION",
     "TOKEN_SCOPES",
     "Base",
+    "Calibration",
     "Demand",
     "Device",
     "Measurement",
@@ -283,3 +284,22 @@ class Token(Base):
     scope: Mapped[str] = mapped_column(String(8))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     revoked_at: Mapped[datetime | None]
+
+
+class Calibration(Base):
+    """A device's cost-model parameters from one calibration run (``autotuner calibrate``).
+
+    Append-only: the newest row of a (device, model) is the calibration in use. ``params`` is
+    the model's JSON (opaque here), ``raw`` optionally the measurements it was fitted on.
+    """
+
+    __tablename__ = "calibrations"
+    __table_args__ = (Index(None, "device_id", "model", "created_at"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    device_id: Mapped[int] = mapped_column(ForeignKey("devices.id", ondelete="CASCADE"))
+    model: Mapped[str] = mapped_column(String(64))
+    params: Mapped[dict[str, Any]]
+    raw: Mapped[dict[str, Any] | None]
+    host: Mapped[str | None] = mapped_column(String(256))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

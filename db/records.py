@@ -13,6 +13,7 @@ from datetime import datetime
 from typing import Any, Generic, NamedTuple, NotRequired, TypedDict, TypeVar
 
 __all__ = [
+    "CalibrationRecord",
     "DemandRecord",
     "DeviceRecord",
     "JobRecord",
@@ -232,3 +233,17 @@ class TokenRecord:
     scope: str
     created_at: datetime
     revoked_at: datetime | None
+
+
+@dataclass(frozen=True, slots=True)
+class CalibrationRecord:
+    """One stored calibration of a device's cost model (``params`` is the model's own JSON)."""
+
+    id: int
+    device_id: int
+    device_key: str
+    model: str
+    params: dict[str, Any]
+    raw: dict[str, Any] | None
+    host: str | None
+    created_at: datetime

@@ -20,6 +20,7 @@ Contract kept by every backend (SQLite, PostgreSQL):
 
 from __future__ import annotations
 
+from db._calibrations import add_calibration, get_calibration, list_calibrations
 from db._common import named_lock
 from db._queue import (
     claim_job,
@@ -49,6 +50,19 @@ from db._results import (
     upsert_device,
     upsert_problem,
 )
+from db._stats import (
+    Facets,
+    ShapePoint,
+    ShapeSample,
+    SpeedupBin,
+    TunedCount,
+    job_counts,
+    problem_facets,
+    problem_winners,
+    shape_sample,
+    speedup_histogram,
+    tuned_counts,
+)
 from db._tokens import add_token, check_token, list_tokens, revoke_token, token_hash
 from db.optuna_storage import OPTUNA_SCHEMA, ensure_optuna_schema, optuna_storage_url
 from db.rule import choose_winner
@@ -56,6 +70,7 @@ from db.rule import choose_winner
 __all__ = [
     "OPTUNA_SCHEMA",
     "SORT_KEYS",
+    "add_calibration",
     "add_token",
     "check_token",
     "choose_winner",
@@ -63,6 +78,7 @@ __all__ = [
     "enqueue_job",
     "ensure_optuna_schema",
     "finish_job",
+    "get_calibration",
     "get_device",
     "get_device_by_key",
     "get_job",
@@ -70,6 +86,7 @@ __all__ = [
     "get_problem_by_key",
     "get_winner",
     "heartbeat_job",
+    "list_calibrations",
     "list_demand",
     "list_devices",
     "list_jobs",
@@ -88,4 +105,16 @@ __all__ = [
     "token_hash",
     "upsert_device",
     "upsert_problem",
+    # dashboard aggregates (db._stats)
+    "Facets",
+    "ShapePoint",
+    "ShapeSample",
+    "SpeedupBin",
+    "TunedCount",
+    "job_counts",
+    "problem_facets",
+    "problem_winners",
+    "shape_sample",
+    "speedup_histogram",
+    "tuned_counts",
 ]

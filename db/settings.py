@@ -9,7 +9,7 @@ service, the tuner and the CLI all read the same fields the same way. Fields:
 - ``AUTOTUNER_WRITE_TOKENS`` / ``AUTOTUNER_READ_TOKENS``: comma-separated bearer tokens
   (in addition to the tokens table).
 - ``AUTOTUNER_MAX_BODY_BYTES``, ``AUTOTUNER_MAX_BATCH``, ``AUTOTUNER_LEASE_SECONDS``: limits.
-- ``AUTOTUNER_LOOKUP_CACHE_SECONDS`` (1), ``AUTOTUNER_NEAREST_MAX_DISTANCE`` (2): lookups.
+- ``AUTOTUNER_LOOKUP_CACHE_SECONDS`` (5), ``AUTOTUNER_NEAREST_MAX_DISTANCE`` (2): lookups.
 - ``AUTOTUNER_SERVICE_URL`` / ``AUTOTUNER_SERVICE_TOKEN``: the service clients ask by default.
 """
 
@@ -111,7 +111,7 @@ class Settings(BaseSettings):
     lease_seconds: float = Field(default=300.0, gt=0)
     # service: how long a worker keeps a lookup answer; how far (log2-shape distance) a
     # tuned neighbour may be for a `nearest` answer
-    lookup_cache_seconds: float = Field(default=1.0, ge=0)
+    lookup_cache_seconds: float = Field(default=5.0, ge=0)
     nearest_max_distance: float = Field(default=2.0, ge=0)
     # client (autotuner.client.default_client): the service a training job asks
     service_url: str | None = None

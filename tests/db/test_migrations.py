@@ -30,7 +30,9 @@ from db import repository as repo
 from db.models import Base
 from db.session import MIGRATIONS_DIR
 
-OUR_TABLES = {"devices", "problems", "measurements", "winners", "tuning_jobs", "demand", "tokens"}
+OUR_TABLES = {"devices", "problems", "measurements", "winners", "tuning_jobs", "demand", "tokens",
+              "calibrations"}
+TABLES_0001 = OUR_TABLES - {"calibrations"}
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -43,7 +45,7 @@ def table_names(url: str, schema: str | None = None) -> set[str]:
 
 
 def test_one_head_shipped_with_the_package() -> None:
-    assert head_revision() == "0001"
+    assert head_revision() == "0002"
     assert (MIGRATIONS_DIR / "env.py").is_file()
     assert (MIGRATIONS_DIR / "script.py.mako").is_file()
     assert (MIGRATIONS_DIR.parent / "alembic.ini").is_file()
@@ -82,6 +84,55 @@ def test_upgrade_empty_to_head_and_downgrade_to_base(empty_db_url: str) -> None:
                 jax_version="1",
                 jaxlib_version="1",
             ).id
+    finally:
+        engine.dispose()
+
+
+DEVICE = {"key": "dev-1", "platform": "cpu", "device_kind": "cpu", "num_devices": 2, "num_processes": 2,
+          "topology": "lab-shared-2gbit", "jax_version": "0.10.2", "jaxlib_version": "0.10.2"}
+
+
+def test_upgrade_a_kept_0001_database_with_data(empty_db_url: str) -> None:
+    """A database left at 0001 with results in it: 0002 adds calibrations and keeps every row;
+    downgrading to 0001 drops only the calibrations."""
+    engine = make_engine(empty_db_url)
+    try:
+        upgrade(empty_db_url, "0001")
+        assert current_revision(engine) == "0001"
+        assert table_names(empty_db_url) == TABLES_0001 | {"alembic_version"}
+        with pytest.raises(SchemaError):
+            check_schema(engine)  # behind the head: the service refuses it until upgraded
+        # rows written with 0001's tables only (plain SQL: today's models include calibrations)
+        with engine.begin() as conn:
+            conn.execute(text(
+                "INSERT INTO devices (key, platform, device_kind, num_devices, num_processes, topology, "
+                "jax_version, jaxlib_version, created_at) VALUES (:key, :platform, :device_kind, "
+                ":num_devices, :num_processes, :topology, :jax_version, :jaxlib_version, "
+                "CURRENT_TIMESTAMP)"), DEVICE)
+            conn.execute(text(
+                "INSERT INTO tokens (name, token_hash, scope, created_at) VALUES ('t', 'h', 'read', "
+                "CURRENT_TIMESTAMP)"))
+
+        upgrade(empty_db_url)
+        assert current_revision(engine) == "0002"
+        check_schema(engine)
+        with Database(empty_db_url) as database, database.session() as s:
+            dev = repo.get_device_by_key(s, "dev-1")
+            assert dev is not None and dev.topology == "lab-shared-2gbit"
+            assert [t.name for t in repo.list_tokens(s)] == ["t"]
+            rec = repo.add_calibration(s, dev.id, model="costmodel-v1", params={"alpha": 1e-4})
+            assert rec.device_key == "dev-1"
+        with Database(empty_db_url) as database, database.session(read_only=True) as s:
+            got = repo.get_calibration(s, "dev-1", model="costmodel-v1")
+            assert got is not None and got.params == {"alpha": 1e-4}
+
+        downgrade(empty_db_url, "0001")
+        assert current_revision(engine) == "0001"
+        assert table_names(empty_db_url) == TABLES_0001 | {"alembic_version"}
+        with engine.connect() as conn:
+            assert conn.execute(text("SELECT count(*) FROM devices")).scalar_one() == 1
+        upgrade(empty_db_url)  # and up again
+        check_schema(engine)
     finally:
         engine.dispose()
 
@@ -158,7 +209,7 @@ def test_alembic_command_line_with_the_ini(tmp_path: Path) -> None:
             timeout=120,
         )
         assert done.returncode == 0, done.stderr
-    assert "0001 (head)" in done.stdout
+    assert "0002 (head)" in done.stdout
     engine = make_engine(url)
     try:
         check_schema(engine)
@@ -209,7 +260,7 @@ def test_optuna_tables_live_apart_from_ours(db_url: str, backend: str) -> None:
     assert table_names(db_url) == before  # our schema/file untouched
     engine = make_engine(db_url)
     try:
-        check_schema(engine)  # our alembic_version still says 0001
+        check_schema(engine)  # our alembic_version still says our head
     finally:
         engine.dispose()
 

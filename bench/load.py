@@ -1,0 +1,377 @@
+"""Load benchmark of the lookup service: lookups/s and latency percentiles.
+
+    python bench/load.py --db /tmp/bench.db [--db postgresql+psycopg://...] [--fill 100000]
+
+For each database: fill it to ``--fill`` tuned problems if it has fewer (``bench/fill_db.py``),
+start ``uvicorn service.app:app`` on 127.0.0.1 (``--workers``, access log off), then measure
+
+- single lookups of tuned problems (drawn uniformly from all of them, so the service's
+  short-lived answer cache rarely helps) flat out with ``--concurrency`` requests in flight;
+- single lookups at a fixed offered rate (``--rate``, default 1000/s; open loop: latency is
+  counted from when a request was due, so a server falling behind shows in the percentiles);
+- the same two over a hot set of ``--hot`` (1000) problems, the working set of a few models
+  being compiled again and again: mostly answered from the service's answer cache
+  (``AUTOTUNER_LOOKUP_CACHE_SECONDS``);
+- batch lookups of ``--batch`` (500) tuned problems, one at a time, each batch new (disjoint
+  batches over all the tuned problems, so none is answered from the answer cache);
+- single lookups of problems that were never tuned (nearest-shape search + demand), flat out;
+- the client's in-process cache hit (`autotuner.client.Client.lookup`), in this process.
+
+The load generator runs in this process (one core's worth at most) on the same 2-core machine
+as the server: it competes with the server for CPU. ``--client httpx`` (default) uses
+httpx.AsyncClient with a bounded pool; ``--client raw`` writes pre-encoded HTTP/1.1 requests
+on keep-alive sockets, costing the machine far less per request (it shows the server's own
+capacity better). Every request's status is checked; any non-200 is counted as an error.
+The last column is the CPU time the server's processes spent per lookup during the phase
+(from /proc): what a lookup costs the server whatever else runs on the machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import json
+import os
+import random
+import statistics
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import fill_db  # noqa: E402
+
+from service.testing import HOST, free_port, start_server, stop_server  # noqa: E402
+
+
+@dataclass
+class Phase:
+    name: str
+    latencies: list[float] = field(default_factory=list)
+    errors: int = 0
+    dropped: int = 0
+    seconds: float = 0.0
+    items: int = 1  # problems per request
+    server_cpu_s: float = 0.0  # CPU time the server's processes used during the phase
+    reasons: collections.Counter[str] = field(default_factory=collections.Counter)
+
+    def failed(self, reason: str) -> None:
+        self.errors += 1
+        self.reasons[reason] += 1
+
+    def row(self) -> dict[str, Any]:
+        lat = sorted(self.latencies)
+
+        def pct(q: float) -> float:
+            return lat[min(len(lat) - 1, int(q * len(lat)))] * 1e3 if lat else float("nan")
+
+        n = len(lat)
+        return {"phase": self.name, "requests": n, "errors": self.errors, "dropped": self.dropped,
+                "req_per_s": n / self.seconds if self.seconds else 0.0,
+                "lookups_per_s": n * self.items / self.seconds if self.seconds else 0.0,
+                "p50_ms": pct(0.50), "p90_ms": pct(0.90), "p99_ms": pct(0.99),
+                "mean_ms": statistics.fmean(lat) * 1e3 if lat else float("nan"),
+                "server_cpu_us_per_lookup": self.server_cpu_s / (n * self.items) * 1e6 if n else float("nan")}
+
+
+def group_cpu_seconds(pgid: int) -> float:
+    """user + system CPU seconds of every live process in process group ``pgid`` (Linux)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:  # fields after the command: state ppid pgrp ... utime stime
+            total += int(fields[11]) + int(fields[12])
+    return total / tick
+
+
+# -- transports --------------------------------------------------------------------------------
+
+Send = Callable[[bytes, str], Awaitable[int]]
+
+
+class RawPool:
+    """Keep-alive HTTP/1.1 connections; one request at a time per connection."""
+
+    def __init__(self, port: int, size: int) -> None:
+        self.port, self.size = port, size
+        self.free: asyncio.Queue[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = asyncio.Queue()
+
+    async def open(self) -> None:
+        for _ in range(self.size):
+            self.free.put_nowait(await asyncio.open_connection(HOST, self.port))
+
+    async def close(self) -> None:
+        while not self.free.empty():
+            _, w = self.free.get_nowait()
+            w.close()
+
+    async def _roundtrip(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, body: bytes,
+                         path: str) -> int:
+        writer.write(b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n%s" % (path.encode(), HOST.encode(), len(body), body))
+        head = await reader.readuntil(b"\r\n\r\n")
+        status = int(head[9:12])
+        length = 0
+        for line in head.split(b"\r\n"):
+            if line[:15].lower() == b"content-length:":
+                length = int(line[15:])
+        await reader.readexactly(length)
+        return status
+
+    async def send(self, body: bytes, path: str) -> int:
+        reader, writer = await self.free.get()
+        try:
+            try:
+                status = await self._roundtrip(reader, writer, body, path)
+            except (asyncio.IncompleteReadError, ConnectionError):
+                # the server closed an idle keep-alive connection: a new one, once (as clients do)
+                writer.close()
+                reader, writer = await asyncio.open_connection(HOST, self.port)
+                status = await self._roundtrip(reader, writer, body, path)
+        except Exception:
+            writer.close()
+            self.free.put_nowait(await asyncio.open_connection(HOST, self.port))
+            raise
+        self.free.put_nowait((reader, writer))
+        return status
+
+
+class HttpxPool:
+    def __init__(self, port: int, size: int) -> None:
+        limits = httpx.Limits(max_connections=size, max_keepalive_connections=size)
+        self.client = httpx.AsyncClient(base_url=f"http://{HOST}:{port}", limits=limits, timeout=30.0,
+                                        trust_env=False)
+
+    async def open(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+    async def send(self, body: bytes, path: str) -> int:
+        r = await self.client.post(path, content=body, headers={"content-type": "application/json"})
+        return r.status_code
+
+
+# -- load shapes -------------------------------------------------------------------------------
+
+async def closed_loop(pool: Any, bodies: list[bytes], path: str, seconds: float, concurrency: int,
+                      phase: Phase, *, in_order: bool = False) -> None:
+    """``concurrency`` requests in flight for ``seconds``: random bodies, or each in turn."""
+    stop = time.perf_counter() + seconds
+    rng = random.Random(1)
+    turn = iter(range(10**9))
+
+    async def worker() -> None:
+        while time.perf_counter() < stop:
+            body = bodies[next(turn) % len(bodies)] if in_order else bodies[rng.randrange(len(bodies))]
+            t = time.perf_counter()
+            try:
+                status = await pool.send(body, path)
+            except Exception as e:  # noqa: BLE001 - counted
+                phase.failed(type(e).__name__)
+                continue
+            phase.latencies.append(time.perf_counter() - t)
+            if status != 200:
+                phase.failed(f"HTTP {status}")
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    phase.seconds = time.perf_counter() - t0
+
+
+async def open_loop(pool: Any, bodies: list[bytes], path: str, seconds: float, rate: float,
+                    bound: int, phase: Phase) -> None:
+    """Requests due every 1/rate s; at most ``bound`` in flight (more are dropped, counted)."""
+    rng = random.Random(2)
+    inflight: set[asyncio.Task[None]] = set()
+
+    async def one(due: float) -> None:
+        try:
+            status = await pool.send(bodies[rng.randrange(len(bodies))], path)
+        except Exception as e:  # noqa: BLE001 - counted
+            phase.failed(type(e).__name__)
+            return
+        phase.latencies.append(time.perf_counter() - due)
+        if status != 200:
+            phase.failed(f"HTTP {status}")
+
+    t0 = time.perf_counter()
+    n_total = int(seconds * rate)
+    i = 0
+    while i < n_total:
+        now = time.perf_counter()
+        while i < n_total and t0 + i / rate <= now:
+            if len(inflight) >= bound:
+                phase.dropped += 1
+            else:
+                task = asyncio.ensure_future(one(t0 + i / rate))
+                inflight.add(task)
+                task.add_done_callback(inflight.discard)
+            i += 1
+        await asyncio.sleep(max(0.0, t0 + i / rate - time.perf_counter()))
+    await asyncio.gather(*inflight)
+    phase.seconds = time.perf_counter() - t0
+
+
+# -- one database --------------------------------------------------------------------------------
+
+def bodies_for(problems: list[Any], device: dict[str, Any]) -> list[bytes]:
+    return [json.dumps({"device": device, "problem": p.to_dict()}).encode() for p in problems]
+
+
+def run_db(url: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+    from db import Database
+    from db import repository as repo
+
+    database = Database(url)
+    database.upgrade()  # a benchmark database: migrate it to this code's schema
+    with database.session(read_only=True) as s:
+        have = repo.list_problems(s, device_key=fill_db.bench_device().key, limit=1).total
+    if have < args.fill:
+        print(f"[{database.dialect}] filling to {args.fill} tuned problems ...", file=sys.stderr)
+        t = time.perf_counter()
+        fill_db.fill(database, args.fill)
+        print(f"[{database.dialect}] filled in {time.perf_counter() - t:.0f} s", file=sys.stderr)
+    dialect = database.dialect
+    database.dispose()
+
+    device = fill_db.bench_device()
+    tuned = list(fill_db.problems(args.fill))
+    tuned_keys = {p.key for p in tuned}
+    untuned = [p for p in fill_db.problems(2000, seed=987654) if p.key not in tuned_keys][:1000]
+    single = bodies_for(tuned, device.to_dict())
+    misses = bodies_for(untuned, device.to_dict())
+    # disjoint batches over every tuned problem, in a random order: each batch is answered from
+    # the database, not from the service's answer cache
+    order = list(tuned)
+    random.Random(3).shuffle(order)
+    batches = [json.dumps({"device": device.to_dict(),
+                           "problems": [p.to_dict() for p in order[lo:lo + args.batch]]}).encode()
+               for lo in range(0, len(order) - args.batch + 1, args.batch)]
+
+    port = free_port()
+    proc, _ = start_server(url, port=port, workers=args.workers)
+    time.sleep(0.5 * args.workers)  # let every worker finish starting
+    rows = []
+    try:
+        async def main() -> None:
+            pool_cls = RawPool if args.client == "raw" else HttpxPool
+            pool = pool_cls(port, args.concurrency)
+            await pool.open()
+            try:
+                async def measured(phase: Phase, run: Any) -> None:
+                    before = group_cpu_seconds(proc.pid)
+                    await run
+                    phase.server_cpu_s = group_cpu_seconds(proc.pid) - before
+
+                warm = Phase("warm-up")
+                await closed_loop(pool, single, "/v1/lookup", 2.0, args.concurrency, warm)
+                flat = Phase("single, flat out")
+                await measured(flat, closed_loop(pool, single, "/v1/lookup", args.seconds, args.concurrency, flat))
+                fixed = Phase(f"single, {args.rate:g}/s offered")
+                await measured(fixed, open_loop(pool, single, "/v1/lookup", args.seconds, args.rate, 256, fixed))
+                hot = single[:args.hot]
+                await closed_loop(pool, hot, "/v1/lookup", 1.5, args.concurrency, Phase("warm-up hot"))
+                hot_flat = Phase(f"single, hot set of {args.hot}, flat out")
+                await measured(hot_flat, closed_loop(pool, hot, "/v1/lookup", args.seconds, args.concurrency,
+                                                     hot_flat))
+                hot_fixed = Phase(f"single, hot set, {args.rate:g}/s offered")
+                await measured(hot_fixed, open_loop(pool, hot, "/v1/lookup", args.seconds, args.rate, 256,
+                                                    hot_fixed))
+                batch = Phase(f"batch of {args.batch}", items=args.batch)
+                await measured(batch, closed_loop(pool, batches, "/v1/lookup/batch", args.seconds, 1, batch,
+                                                  in_order=True))
+                miss = Phase("single untuned (nearest+demand)")
+                await measured(miss, closed_loop(pool, misses, "/v1/lookup", min(args.seconds, 3.0),
+                                                 args.concurrency, miss))
+                for ph in (flat, fixed, hot_flat, hot_fixed, batch, miss):
+                    rows.append({"db": dialect, **ph.row()})
+                    if ph.reasons:
+                        print(f"[{dialect}] {ph.name}: errors {dict(ph.reasons)}", file=sys.stderr)
+            finally:
+                await pool.close()
+
+        asyncio.run(main())
+        rows.append({"db": dialect, **client_hit(port, device, tuned[0])})
+    finally:
+        stop_server(proc)
+    return rows
+
+
+def client_hit(port: int, device: Any, problem: Any) -> dict[str, Any]:
+    """The in-process cache hit of autotuner.client.Client.lookup (median of 5 x 100k calls)."""
+    from autotuner.client import Client
+
+    with Client(f"http://{HOST}:{port}", timeout=5.0) as client:
+        t = time.perf_counter()
+        first = client.lookup(problem, device)
+        first_ms = (time.perf_counter() - t) * 1e3
+        assert first.origin == "service" and first.source == "tuned", first
+        runs = []
+        for _ in range(5):
+            t = time.perf_counter()
+            for _ in range(100_000):
+                client.lookup(problem, device)
+            runs.append((time.perf_counter() - t) / 100_000)
+    hit_us = statistics.median(runs) * 1e6
+    return {"phase": f"client cache hit (first call {first_ms:.1f} ms)", "requests": 500_000, "errors": 0,
+            "dropped": 0, "req_per_s": 1e6 / hit_us, "lookups_per_s": 1e6 / hit_us,
+            "p50_ms": hit_us / 1e3, "p90_ms": float("nan"), "p99_ms": float("nan"), "mean_ms": hit_us / 1e3,
+            "server_cpu_us_per_lookup": 0.0}
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = f"{'db':10} {'phase':42} {'requests':>8} {'err':>4} {'drop':>4} {'lookups/s':>10} " \
+           f"{'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'srv CPU us/lookup':>18}"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lines.append(f"{r['db']:10} {r['phase']:42} {r['requests']:>8} {r['errors']:>4} {r['dropped']:>4} "
+                     f"{r['lookups_per_s']:>10.0f} {r['p50_ms']:>8.3f} {r['p90_ms']:>8.3f} {r['p99_ms']:>8.3f} "
+                     f"{r['server_cpu_us_per_lookup']:>18.0f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--db", action="append", required=True,
+                    help="database URL or SQLite file; repeat for several (e.g. SQLite and PostgreSQL)")
+    ap.add_argument("--fill", type=int, default=100_000, help="tuned problems the database must hold")
+    ap.add_argument("--workers", type=int, default=2, help="uvicorn worker processes")
+    ap.add_argument("--seconds", type=float, default=5.0, help="duration of each phase")
+    ap.add_argument("--rate", type=float, default=1000.0, help="offered rate of the fixed-rate phase")
+    ap.add_argument("--concurrency", type=int, default=16, help="requests in flight (flat out)")
+    ap.add_argument("--batch", type=int, default=500, help="problems per batch lookup")
+    ap.add_argument("--hot", type=int, default=1000,
+                    help="distinct problems of the hot-set phases (a compiler's working set)")
+    ap.add_argument("--client", choices=("httpx", "raw"), default="httpx")
+    ap.add_argument("--json", action="store_true", help="print the rows as JSON lines too")
+    args = ap.parse_args(argv)
+
+    rows = []
+    load_before = os.getloadavg()
+    for url in args.db:
+        rows += run_db(url, args)
+    print(f"machine load average (1 min) before / after: {load_before[0]:.2f} / {os.getloadavg()[0]:.2f} "
+          "(anything above ~0 means other processes competed for the 2 cores)")
+    print(f"load benchmark: {args.workers} uvicorn workers, {os.cpu_count()} CPUs, client {args.client}, "
+          f"{args.concurrency} in flight, {args.seconds:g} s per phase, {args.fill} tuned problems")
+    print(table(rows))
+    if args.json:
+        for r in rows:
+            print(json.dumps(r))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""The FastAPI app: ``create_app(settings)``, and ``app`` for ``uvicorn service.app:app``.
+
+``app`` is built on first access from the environment (``AUTOTUNER_*``, see
+``db.settings.Settings``), so importing this module has no side effects. On startup the app
+checks that the database is at the expected schema revision (``autotuner db upgrade`` fixes
+it), warms up what lookups import, and starts the demand writer; on shutdown it writes the
+remaining misses and closes the engine.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI
+from starlette.concurrency import run_in_threadpool
+
+from db import Database, Settings, get_settings
+from service import errors
+from service.deps import ServiceState
+from service.limits import BodyLimitMiddleware
+from service.lookups import LookupEngine
+from service.metrics import Metrics, MetricsMiddleware
+from service.model import ModelFn, model_answer
+from service.routes import ROUTERS
+from service.routes.health import VERSION
+
+log = logging.getLogger("service")
+
+DESCRIPTION = """\
+Serves, per sharded einsum and per device, the fastest way to overlap its collective with the
+einsum (measured by the overlap autotuner), to compilers and training jobs.
+
+Writes need `Authorization: Bearer TOKEN` (a write token); reads are open unless read tokens
+are configured.
+"""
+
+
+def _warm_up() -> None:
+    # Nearest-shape answers check the neighbour's strategy with autotuner.strategies, which
+    # imports JAX: do it once at startup, not in the first request that needs it.
+    import autotuner.strategies  # noqa: F401
+
+
+def create_app(settings: Settings | None = None, *, database: Database | None = None,
+               model: ModelFn = model_answer, check_schema: bool = True) -> FastAPI:
+    """The service for ``settings`` (default: from the environment).
+
+    ``database`` defaults to ``Database(settings.db_url)`` (closed on shutdown only if created
+    here). ``model`` is the cost-model hook (see :mod:`service.model`). ``check_schema``:
+    refuse to start on a database that is not at the head revision.
+    """
+    settings = settings or get_settings()
+    own_db = database is None
+    db = database if database is not None else Database(settings.db_url)
+    metrics = Metrics()
+    lookups = LookupEngine(db, metrics, cache_seconds=settings.lookup_cache_seconds,
+                           nearest_max_distance=settings.nearest_max_distance, model=model)
+    state = ServiceState(settings=settings, database=db, lookups=lookups, metrics=metrics)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        if check_schema:
+            await run_in_threadpool(db.check_schema)
+        await run_in_threadpool(_warm_up)
+        lookups.demand.start()
+        try:
+            yield
+        finally:
+            await run_in_threadpool(lookups.demand.close)
+            if own_db:
+                db.dispose()
+
+    app = FastAPI(title="overlap-autotuner", version=VERSION, description=DESCRIPTION,
+                  lifespan=lifespan)
+    app.state.autotuner = state
+    errors.install(app)
+    for router in ROUTERS:
+        app.include_router(router)
+    from service import dashboard  # the HTML pages at / (not in the OpenAPI schema)
+
+    app.include_router(dashboard.router)
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(MetricsMiddleware, metrics=metrics)  # outermost: counts the 413s too
+    return app
+
+
+_app: FastAPI | None = None
+
+
+def __getattr__(name: str) -> Any:
+    if name == "app":  # built lazily, once: `uvicorn service.app:app`
+        global _app
+        if _app is None:
+            _app = create_app()
+        return _app
+    raise AttributeError(f"module 'service.app' has no attribute {name!r}")

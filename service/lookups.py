@@ -1,0 +1,348 @@
+"""Answering lookups: tuned, else nearest, else model, else default; misses become demand.
+
+- ``tuned``: the stored winner of this exact problem (canonical key) on this device.
+- ``nearest``: the winner of the closest tuned problem with the same pattern, dtype and mesh
+  size on this device (``repository.nearest_winners``), within
+  ``settings.nearest_max_distance`` (log2-shape distance) and only if its strategy is valid
+  for the problem asked about.
+- ``model``: the cost-model hook (:mod:`service.model`; by default no model, no answer).
+- ``default``: the baseline.
+
+Exact matches are looked up in one read transaction per batch request, and the single lookups
+that arrive while one is running are answered together (:class:`_Coalescer`). Answers are kept for ``settings.lookup_cache_seconds`` (per process; a result posted to this
+process drops its entry at once, other workers see it within that time). Every answer that is
+not ``tuned`` counts one miss: misses are buffered and written by a background thread every
+``DEMAND_FLUSH_SECONDS`` (once the app has started; before that, synchronously), so the
+lookup path never waits for a write; ``GET /v1/demand`` flushes first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from starlette.concurrency import run_in_threadpool
+
+from autotuner import Device, Problem, Strategy, StrategyError
+from db import Database, StorageError, WinnerRecord
+from db import repository as repo
+from service.fields import device_key, problem_key
+from service.metrics import Metrics
+from service.model import ModelFn, as_answer, model_answer
+from service.schemas import Lookup
+
+log = logging.getLogger("service.lookups")
+
+DEMAND_FLUSH_SECONDS = 0.5
+NEIGHBORS = 5
+CACHE_MAX = 200_000
+BASELINE = Strategy.baseline()
+
+
+def _tuned(w: WinnerRecord, dkey: str, pkey: str) -> Lookup:
+    ci = (w.speedup_lo, w.speedup_hi) if w.speedup_lo is not None and w.speedup_hi is not None else None
+    return Lookup(strategy=w.strategy, strategy_key=w.strategy_key, source="tuned", speedup=w.speedup,
+                  confidence=ci, record_id=w.id, measured_at=w.updated_at, trials=w.trials,
+                  problem_key=pkey, device_key=dkey)
+
+
+def _default(dkey: str, pkey: str) -> Lookup:
+    return Lookup(strategy=BASELINE.to_dict(), strategy_key=BASELINE.key, source="default",
+                  speedup=1.0, problem_key=pkey, device_key=dkey)
+
+
+def applicable(problem: Problem, strategy: dict[str, Any]) -> Strategy | None:
+    """The strategy if it can run ``problem`` (what ``autotuner.space`` would offer), else None."""
+    try:
+        s = Strategy.from_dict(strategy)
+    except (StrategyError, TypeError):
+        return None
+    if s.is_baseline:
+        return s
+    from autotuner.strategies import check_valid  # imports JAX; warmed up at startup
+
+    try:
+        check_valid(problem, s)
+    except StrategyError:
+        return None
+    return s
+
+
+def _get_winners(s: Any, dkey: str, keys: Sequence[str]) -> dict[str, WinnerRecord]:
+    bulk = getattr(repo, "get_winners", None)
+    if bulk is not None:  # one round trip per chunk of keys
+        return dict(bulk(s, dkey, keys))
+    out = {}
+    for k in keys:
+        w = repo.get_winner(s, dkey, k)
+        if w is not None:
+            out[k] = w
+    return out
+
+
+class DemandRecorder:
+    """Buffers lookup misses and writes them with ``repository.record_miss``."""
+
+    def __init__(self, database: Database, interval: float = DEMAND_FLUSH_SECONDS) -> None:
+        self.database = database
+        self.interval = interval
+        self._pending: dict[tuple[str, str], list[Any]] = {}
+        self._lock = threading.Lock()
+        self._flush_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def add(self, device: Device, dkey: str, misses: dict[str, tuple[Problem, int]]) -> None:
+        """Count misses of ``{problem_key: (problem, count)}`` on one device."""
+        with self._lock:
+            for pkey, (problem, count) in misses.items():
+                entry = self._pending.get((dkey, pkey))
+                if entry is None:
+                    self._pending[(dkey, pkey)] = [count, device, problem]
+                else:
+                    entry[0] += count
+        if not self.running:
+            self.flush()
+
+    def flush(self) -> int:
+        """Write every pending miss; returns how many were written."""
+        with self._flush_lock:
+            with self._lock:
+                pending, self._pending = self._pending, {}
+            if not pending:
+                return 0
+            try:
+                with self.database.session() as s:
+                    for (dkey, pkey), (count, device, problem) in sorted(pending.items()):
+                        canonical, device_json = problem.canonical(), device.to_dict()
+                        for _ in range(count):
+                            repo.record_miss(s, dkey, device_json, pkey, canonical)
+            except ValueError as e:  # invalid values never become valid: drop them
+                log.warning("dropped %d lookup misses the database refused: %s",
+                            sum(v[0] for v in pending.values()), e)
+                return 0
+            except StorageError as e:
+                log.warning("could not record %d lookup misses (kept for the next try): %s",
+                            sum(v[0] for v in pending.values()), e)
+                with self._lock:
+                    for k, (count, device, problem) in pending.items():
+                        entry = self._pending.setdefault(k, [0, device, problem])
+                        entry[0] += count
+                return 0
+            return sum(v[0] for v in pending.values())
+
+    def start(self) -> None:
+        if self.running:
+            return
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name="autotuner-demand", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.flush()
+            except Exception:  # noqa: BLE001 - the thread must survive anything
+                log.exception("demand flush failed")
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+            self._thread = None
+        self.flush()
+
+
+class _Coalescer:
+    """Exact-match lookups of concurrent requests, answered together (the DataLoader pattern).
+
+    A request's key joins the pending set; one drain task at a time takes everything pending,
+    looks it up in one read transaction (one round trip with ``repository.get_winners``) in a
+    worker thread, and hands each request its answer. While that runs the event loop keeps
+    parsing requests, whose keys make up the next round: under load the batches grow by
+    themselves, at low load a lookup waits for nothing but its own query.
+    """
+
+    def __init__(self, exact: Any) -> None:
+        self._exact = exact
+        self._pending: dict[str, dict[str, list[asyncio.Future[Lookup | None]]]] = {}
+        self._draining = False
+
+    async def get(self, dkey: str, pkey: str) -> Lookup | None:
+        fut: asyncio.Future[Lookup | None] = asyncio.get_running_loop().create_future()
+        self._pending.setdefault(dkey, {}).setdefault(pkey, []).append(fut)
+        if not self._draining:
+            self._draining = True
+            asyncio.ensure_future(self._drain())
+        return await fut
+
+    async def _drain(self) -> None:
+        try:
+            while self._pending:
+                pending, self._pending = self._pending, {}
+                for dkey, waiters in pending.items():
+                    try:
+                        found = await run_in_threadpool(self._exact, dkey, list(waiters))
+                    except Exception as e:  # noqa: BLE001 - every waiter gets the error
+                        for futs in waiters.values():
+                            for f in futs:
+                                if not f.done():
+                                    f.set_exception(e)
+                        continue
+                    for pkey, futs in waiters.items():
+                        for f in futs:
+                            if not f.done():
+                                f.set_result(found.get(pkey))
+        finally:
+            self._draining = False
+
+
+class LookupEngine:
+    """Answers lookups for one database (see the module docs); one per app, thread-safe."""
+
+    def __init__(self, database: Database, metrics: Metrics, *, cache_seconds: float = 5.0,
+                 nearest_max_distance: float = 2.0, model: ModelFn = model_answer,
+                 demand: DemandRecorder | None = None) -> None:
+        self.database = database
+        self.metrics = metrics
+        self.cache_seconds = cache_seconds
+        self.nearest_max_distance = nearest_max_distance
+        self.model = model
+        self.demand = demand or DemandRecorder(database)
+        self._cache: dict[tuple[str, str], tuple[float, Lookup]] = {}
+        self._coalescer = _Coalescer(self._exact)
+
+    # -- cache ---------------------------------------------------------------------------------
+    def _cached(self, dkey: str, pkey: str, now: float) -> Lookup | None:
+        hit = self._cache.get((dkey, pkey))
+        if hit is None or hit[0] < now:
+            return None
+        return hit[1]
+
+    def _keep(self, answer: Lookup, now: float) -> None:
+        if self.cache_seconds <= 0:
+            return
+        if len(self._cache) >= CACHE_MAX:
+            self._cache.clear()
+        self._cache[(answer.device_key, answer.problem_key)] = (now + self.cache_seconds, answer)
+
+    def forget(self, dkey: str, pkey: str) -> None:
+        self._cache.pop((dkey, pkey), None)
+
+    # -- answers -------------------------------------------------------------------------------
+    def _nearest(self, s: Any, device: Device, dkey: str, problem: Problem, pkey: str) -> Lookup | None:
+        f = problem.features()
+        neighbors = repo.nearest_winners(
+            s, dkey, pattern=problem.pattern.label, dtype=problem.dtype, mesh_size=problem.axis_size,
+            m=f["m"], n=f["n"], k=f["k"], b=f["b"], limit=NEIGHBORS, exclude_key=pkey)
+        for nb in neighbors:
+            if nb.distance > self.nearest_max_distance:
+                break
+            strategy = applicable(problem, nb.winner.strategy)
+            if strategy is None:
+                continue
+            w = nb.winner
+            ci = (w.speedup_lo, w.speedup_hi) if w.speedup_lo is not None and w.speedup_hi is not None else None
+            return Lookup(strategy=strategy.to_dict(), strategy_key=strategy.key, source="nearest",
+                          speedup=w.speedup, confidence=ci, record_id=w.id, measured_at=w.updated_at,
+                          trials=w.trials, distance=round(nb.distance, 6), neighbor_key=w.problem_key,
+                          problem_key=pkey, device_key=dkey)
+        return None
+
+    def _untuned(self, device: Device, dkey: str, problem: Problem, pkey: str) -> Lookup:
+        got = as_answer(self.model(problem, device))
+        if got is not None and applicable(problem, got.strategy.to_dict()) is not None:
+            return Lookup(strategy=got.strategy.to_dict(), strategy_key=got.strategy.key, source="model",
+                          speedup=got.speedup, confidence=got.confidence, problem_key=pkey,
+                          device_key=dkey)
+        return _default(dkey, pkey)
+
+    def _start(self, device: Device, problems: Sequence[Problem]
+               ) -> tuple[float, str, list[str], dict[str, Problem], dict[str, Lookup], list[str]]:
+        now = time.monotonic()
+        dkey = device_key(device)
+        keys = [problem_key(p) for p in problems]
+        by_key: dict[str, Problem] = dict(zip(keys, problems, strict=True))
+        answers: dict[str, Lookup] = {}
+        todo = []
+        for k in by_key:
+            hit = self._cached(dkey, k, now)
+            if hit is not None:
+                answers[k] = hit
+            else:
+                todo.append(k)
+        return now, dkey, keys, by_key, answers, todo
+
+    def _exact(self, dkey: str, todo: list[str]) -> dict[str, Lookup]:
+        with self.database.session(read_only=True) as s:
+            winners = _get_winners(s, dkey, todo)
+        return {k: _tuned(w, dkey, k) for k, w in winners.items()}
+
+    def _inexact(self, device: Device, dkey: str, by_key: dict[str, Problem], rest: list[str]
+                 ) -> dict[str, Lookup]:
+        out: dict[str, Lookup] = {}
+        with self.database.session(read_only=True) as s:
+            for k in rest:
+                got = self._nearest(s, device, dkey, by_key[k], k)
+                if got is not None:
+                    out[k] = got
+        for k in rest:
+            if k not in out:
+                out[k] = self._untuned(device, dkey, by_key[k], k)
+        return out
+
+    def _finish(self, device: Device, dkey: str, keys: list[str], by_key: dict[str, Problem],
+                answers: dict[str, Lookup], todo: list[str], now: float) -> list[Lookup]:
+        for k in todo:
+            self._keep(answers[k], now)
+        out = [answers[k] for k in keys]
+        sources: dict[str, int] = {}
+        misses: dict[str, tuple[Problem, int]] = {}
+        for a in out:
+            sources[a.source] = sources.get(a.source, 0) + 1
+            if a.source != "tuned":
+                k = a.problem_key
+                misses[k] = (by_key[k], misses[k][1] + 1 if k in misses else 1)
+        self.metrics.count_lookups(sources)
+        if misses:
+            self.demand.add(device, dkey, misses)
+        return out
+
+    def lookup(self, device: Device, problem: Problem) -> Lookup:
+        return self.lookup_many(device, [problem])[0]
+
+    def lookup_many(self, device: Device, problems: Sequence[Problem]) -> list[Lookup]:
+        """Answers in the order asked. Repeated problems are looked up once; the exact matches
+        of the rest in one read transaction (one round trip with ``repository.get_winners``)."""
+        now, dkey, keys, by_key, answers, todo = self._start(device, problems)
+        if todo:
+            answers.update(self._exact(dkey, todo))
+            rest = [k for k in todo if k not in answers]
+            if rest:
+                answers.update(self._inexact(device, dkey, by_key, rest))
+        return self._finish(device, dkey, keys, by_key, answers, todo, now)
+
+    async def run(self, device: Device, problems: Sequence[Problem]) -> list[Lookup]:
+        """:meth:`lookup_many` for the event loop: cached answers in the loop; the exact matches
+        of single lookups coalesced (:class:`_Coalescer`), of batches in one call; both, and
+        nearest-shape searches, in the thread pool."""
+        now, dkey, keys, by_key, answers, todo = self._start(device, problems)
+        if todo:
+            if len(todo) == 1:
+                got = await self._coalescer.get(dkey, todo[0])
+                if got is not None:
+                    answers[todo[0]] = got
+            else:
+                answers.update(await run_in_threadpool(self._exact, dkey, todo))
+            rest = [k for k in todo if k not in answers]
+            if rest:
+                answers.update(await run_in_threadpool(self._inexact, device, dkey, by_key, rest))
+        return self._finish(device, dkey, keys, by_key, answers, todo, now)

@@ -1,0 +1,8 @@
+"""One router per resource."""
+
+from service.routes import demand, health, jobs, lookup, problems, results, snapshot
+
+ROUTERS = [lookup.router, results.router, jobs.router, problems.router, demand.router,
+           snapshot.router, health.router]
+
+__all__ = ["ROUTERS"]

@@ -1,0 +1,41 @@
+"""GET /healthz (liveness and the database's schema) and GET /metrics (Prometheus)."""
+
+from __future__ import annotations
+
+from importlib import metadata
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse, Response
+
+from db import StorageError
+from service.deps import StateDep
+from service.schemas import Health
+
+router = APIRouter(tags=["health"])
+
+try:
+    VERSION = metadata.version("overlap-autotuner")
+except metadata.PackageNotFoundError:  # pragma: no cover - running from a source tree
+    VERSION = "0.0.0"
+
+
+@router.get("/healthz", response_model=Health,
+            responses={503: {"model": Health, "description": "The database is unavailable"}})
+def healthz(state: StateDep) -> Health | JSONResponse:
+    """200 when the database answers and is at the schema revision this code expects."""
+    db = state.database
+    try:
+        db.check_schema()
+    except StorageError as e:  # SchemaError included
+        body = Health(status="unavailable", database=str(e), dialect=db.dialect, version=VERSION)
+        return JSONResponse(body.model_dump(mode="json"), status_code=503)
+    return Health(status="ok", database="ok", dialect=db.dialect, version=VERSION)
+
+
+@router.get("/metrics", response_model=None, response_class=Response,
+            responses={200: {"content": {"text/plain": {}},
+                             "description": "Prometheus text exposition format"}})
+def metrics(state: StateDep) -> Response:
+    """Request counts and latencies by route, lookups by source, misses."""
+    body, content_type = state.metrics.render()
+    return Response(body, media_type=content_type)

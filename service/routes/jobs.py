@@ -1,0 +1,95 @@
+"""Tuning jobs: a queue with leases, so a dead worker's job goes back to the queue."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Path
+
+from db import NotFoundError
+from db import repository as repo
+from service.deps import ReadAuth, ReadSessionDep, SessionDep, StateDep, WriteAuth
+from service.fields import device_key, problem_key
+from service.routes._common import (
+    MAX_ID,
+    READ,
+    WRITE,
+    Limit,
+    Offset,
+    next_offset,
+    responses,
+    text_query,
+)
+from service.schemas import (
+    ClaimRequest,
+    ClaimResponse,
+    FinishRequest,
+    HeartbeatRequest,
+    JobOut,
+    JobPage,
+    JobRequest,
+)
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+JobId = Annotated[int, Path(ge=1, le=MAX_ID)]
+
+
+@router.post("", response_model=JobOut, status_code=201, responses=responses(*WRITE))
+def enqueue(_: WriteAuth, req: JobRequest, s: SessionDep) -> JobOut:
+    """Queue tuning of a problem on a device. At most one job per (device, problem) is active:
+    if one is queued or running, that one is returned."""
+    job = repo.enqueue_job(s, problem_key=problem_key(req.problem), problem=req.problem.canonical(),
+                           device_key=device_key(req.device), device=req.device.to_dict(),
+                           params=req.params, priority=req.priority)
+    return JobOut.of(job)
+
+
+@router.get("", response_model=JobPage, responses=responses(*READ))
+def list_jobs(
+    _: ReadAuth,
+    s: ReadSessionDep,
+    status: Literal["queued", "running", "done", "failed"] | None = None,
+    device_key: Annotated[str | None, text_query("only jobs of this device key", 128)] = None,
+    offset: Offset = 0,
+    limit: Limit = 50,
+) -> JobPage:
+    """Jobs, newest first."""
+    page = repo.list_jobs(s, status=status, device_key=device_key, offset=offset, limit=limit)
+    return JobPage(items=[JobOut.of(j) for j in page.items], total=page.total, offset=offset,
+                   limit=limit, next_offset=next_offset(offset, len(page.items), page.total, limit))
+
+
+@router.post("/claim", response_model=ClaimResponse, responses=responses(*WRITE))
+def claim(_: WriteAuth, req: ClaimRequest, s: SessionDep, state: StateDep) -> ClaimResponse:
+    """Claim the next job (highest priority, oldest; queued, or running with an expired lease)
+    under a lease of `lease_seconds` (default `AUTOTUNER_LEASE_SECONDS`). `job` is null when
+    there is nothing to claim."""
+    lease = req.lease_seconds or state.settings.lease_seconds
+    job = repo.claim_job(s, req.worker, lease, device_key=req.device_key,
+                         max_attempts=req.max_attempts)
+    return ClaimResponse(job=JobOut.of(job) if job is not None else None)
+
+
+@router.get("/{job_id}", response_model=JobOut, responses=responses(*READ, 404))
+def get_job(_: ReadAuth, job_id: JobId, s: ReadSessionDep) -> JobOut:
+    job = repo.get_job(s, job_id)
+    if job is None:
+        raise NotFoundError(f"job {job_id} does not exist")
+    return JobOut.of(job)
+
+
+@router.post("/{job_id}/heartbeat", response_model=JobOut, responses=responses(*WRITE, 404, 409))
+def heartbeat(_: WriteAuth, job_id: JobId, req: HeartbeatRequest, s: SessionDep,
+              state: StateDep) -> JobOut:
+    """Extend the worker's lease; 409 if the worker no longer holds the job."""
+    lease = req.lease_seconds or state.settings.lease_seconds
+    return JobOut.of(repo.heartbeat_job(s, job_id, req.worker, lease))
+
+
+@router.post("/{job_id}/finish", response_model=JobOut, responses=responses(*WRITE, 404, 409))
+def finish(_: WriteAuth, job_id: JobId, req: FinishRequest, s: SessionDep) -> JobOut:
+    """Mark the worker's job done or failed (final); 409 if the worker does not hold it."""
+    return JobOut.of(repo.finish_job(s, job_id, req.worker, req.status, req.error))
+
+

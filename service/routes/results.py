@@ -1,0 +1,37 @@
+"""POST /v1/results: tuning jobs upload measurements; the winner is recomputed with them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+
+from autotuner import store
+from service.deps import StateDep, WriteAuth
+from service.errors import invalid
+from service.fields import device_key, problem_key
+from service.routes._common import WRITE, responses
+from service.schemas import ResultsRequest, ResultsResponse, WinnerOut
+
+router = APIRouter(prefix="/v1/results", tags=["results"])
+
+
+@router.post("", response_model=ResultsResponse, status_code=201, responses=responses(*WRITE))
+def post_results(_: WriteAuth, req: ResultsRequest, state: StateDep) -> ResultsResponse:
+    """Store the measurements of one problem on one device and recompute its winner, in one
+    transaction (`autotuner.store.save`). `ratio` is baseline time / the strategy's time."""
+    items: list[dict[str, Any]] = []
+    for i, m in enumerate(req.measurements):
+        key = m.strategy.key
+        if m.strategy_key is not None and m.strategy_key != key:
+            raise invalid(["body", "measurements", i, "strategy_key"],
+                          f"{m.strategy_key!r} does not match the strategy (its key is {key!r})",
+                          m.strategy_key)
+        item = m.model_dump(exclude={"strategy", "strategy_key"}, exclude_none=True)
+        item.update(strategy=m.strategy.to_dict(), strategy_key=key)
+        items.append(item)
+    winner = store.save(state.database, req.device, req.problem, items)
+    dkey, pkey = device_key(req.device), problem_key(req.problem)
+    state.lookups.forget(dkey, pkey)
+    return ResultsResponse(device_key=dkey, problem_key=pkey, recorded=len(items),
+                           winner=WinnerOut.of(winner) if winner is not None else None)

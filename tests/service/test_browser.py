@@ -1,0 +1,316 @@
+"""The dashboard in a real headless Chromium (Debian's chromium, driven by Python Playwright)
+against a live uvicorn process on 127.0.0.1 with a seeded SQLite database: the plots render,
+the table filters and paginates (with and without JavaScript), a problem page shows its plots,
+no console errors, and no request goes to any host but the server.
+
+Needs ``apt-get install chromium`` and ``pip install playwright`` (no browser download: the
+system binary is used). Without them these tests skip, unless ``AUTOTUNER_REQUIRE_BROWSER=1``:
+then they fail.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from autotuner import Device, Problem, Strategy
+from autotuner.store import device_values, problem_values
+from db import Database, upgrade
+from db import repository as repo
+from service.testing import HOST, ROOT, free_port, problem
+
+pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
+
+CHROMIUM = Path(os.environ.get("AUTOTUNER_CHROMIUM", "/usr/lib/chromium/chromium"))
+LAUNCH_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+               "--disable-component-update", "--disable-sync", "--no-first-run"]
+REQUIRE_ENV = "AUTOTUNER_REQUIRE_BROWSER"
+TIMEOUT_MS = 20_000
+
+DEV_A = Device("cpu", "cpu", 8, 1, "inproc", "0.10.2", "0.10.2")
+DEV_B = Device("tpu", "TPU v4", 4, 4, "lab-ring-1gbit", "0.10.2", "0.10.2")
+UNI = Strategy("ring", "uni", 1, "full", "loop", True)
+BIDI = Strategy("ring", "bidi", 2, "full", "loop", True)
+N_A, N_B = 40, 8
+
+# The service app with the dashboard included (a no-op once create_app includes it itself).
+SERVER = textwrap.dedent("""
+    import sys, uvicorn
+    from service.app import create_app
+    from service import dashboard
+    app = create_app()
+    if not any(getattr(r, "path", None) == "/problems" for r in app.routes):
+        app.include_router(dashboard.router)
+    uvicorn.run(app, host=sys.argv[1], port=int(sys.argv[2]), log_level="warning",
+                access_log=False)
+""")
+
+
+def _required() -> bool:
+    return os.environ.get(REQUIRE_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+def _unavailable(reason: str) -> None:
+    if _required():
+        pytest.fail(f"browser required ({REQUIRE_ENV}=1) but {reason}", pytrace=False)
+    pytest.skip(f"no browser: {reason} (apt-get install chromium; pip install playwright)")
+
+
+def _item(strategy: Strategy, median: float, ratio: float | None = None, status: str = "ok",
+          reason: str | None = None) -> dict[str, Any]:
+    if status != "ok":
+        return {"strategy": strategy.to_dict(), "strategy_key": strategy.key, "status": status,
+                "reason": reason}
+    samples = [median * f for f in (0.95, 0.98, 1.0, 1.01, 1.06)]
+    item = {"strategy": strategy.to_dict(), "strategy_key": strategy.key, "status": "ok",
+            "samples": samples, "median_s": median, "iqr_s": median * 0.03, "n": 5}
+    if ratio is not None:
+        item.update(ratio=ratio, ratio_lo=ratio - 0.02, ratio_hi=ratio + 0.02)
+    return item
+
+
+def seed(url: str) -> dict[str, Any]:
+    """N_A float32 problems on device A (every 6th won by the baseline, a failed trial on every
+    4th), N_B bfloat16 reduce-scatter problems on device B."""
+    database = Database(url)
+    ids: dict[str, list[int]] = {"a": [], "b": []}
+    try:
+        with database.session() as s:
+            da, db_ = (repo.upsert_device(s, **device_values(d)) for d in (DEV_A, DEV_B))
+            for i in range(N_A):
+                p = Problem.from_dict(problem(m=128 * (i + 1), k=256 * (1 + i % 4), n=256))
+                rec = repo.upsert_problem(s, **problem_values(p))
+                base, ratio = 1e-3 * (1 + i % 7), 0.95 if i % 6 == 0 else 1.04 + 0.015 * i
+                items = [_item(Strategy("baseline"), base), _item(UNI, base / ratio, ratio),
+                         _item(BIDI, base / (ratio - 0.03), ratio - 0.03)]
+                if i % 4 == 0:
+                    items.append(_item(Strategy("ring", "uni", 4, "full", "loop", True), 0,
+                                       status="failed", reason="numerics: max error 0.3"))
+                repo.record_measurements(s, da.id, rec.id, items)
+                repo.recompute_winner(s, da.id, rec.id)
+                ids["a"].append(rec.id)
+            for i in range(N_B):
+                p = Problem.from_dict(problem(m=256 * (i + 1), k=512, n=128, dtype="bfloat16",
+                                              x=4, kind="rs"))
+                rec = repo.upsert_problem(s, **problem_values(p))
+                items = [_item(Strategy("baseline"), 2e-3), _item(BIDI, 2e-3 / 1.4, 1.4)]
+                repo.record_measurements(s, db_.id, rec.id, items)
+                repo.recompute_winner(s, db_.id, rec.id)
+                ids["b"].append(rec.id)
+            q = Problem.from_dict(problem(m=4096, k=128, n=128))
+            repo.enqueue_job(s, problem_key=q.key, problem=q.canonical(), device_key=DEV_A.key,
+                             device=DEV_A.to_dict())
+    finally:
+        database.dispose()
+    return ids
+
+
+@pytest.fixture(scope="module")
+def playwright_browser() -> Iterator[Any]:
+    if not CHROMIUM.exists():
+        _unavailable(f"{CHROMIUM} does not exist")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError as e:
+        _unavailable(f"the playwright package is not installed ({e})")
+    with sync_playwright() as p:
+        try:
+            browser = p.chromium.launch(executable_path=str(CHROMIUM), args=LAUNCH_ARGS,
+                                        headless=True)
+        except Exception as e:  # a broken install: skip (or fail) with the reason
+            _unavailable(f"chromium did not start: {e}")
+        yield browser
+        browser.close()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory,
+           playwright_browser: Any) -> Iterator[tuple[str, dict[str, Any]]]:
+    path = tmp_path_factory.mktemp("browser") / "autotuner.db"
+    url = f"sqlite:///{path}"
+    upgrade(url)
+    ids = seed(url)
+    port = free_port()
+    env = {**os.environ, "AUTOTUNER_DB_URL": url, "JAX_PLATFORMS": "cpu",
+           "AUTOTUNER_WRITE_TOKENS": "browser-test-token"}
+    env.pop("AUTOTUNER_READ_TOKENS", None)
+    proc = subprocess.Popen([sys.executable, "-c", SERVER, HOST, str(port)], env=env, cwd=ROOT,
+                            start_new_session=True)
+    base = f"http://{HOST}:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the server exited with status {proc.returncode}")
+            try:
+                if httpx.get(f"{base}/healthz", timeout=1, trust_env=False).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("the server did not become healthy in 60 s")
+            time.sleep(0.1)
+        yield base, ids
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+class Watched:
+    """A page whose requests, console errors and uncaught exceptions are recorded."""
+
+    def __init__(self, context: Any, base: str) -> None:
+        self.base = base
+        self.page = context.new_page()
+        self.page.set_default_timeout(TIMEOUT_MS)
+        self.requests: list[str] = []
+        self.errors: list[str] = []
+        self.page.on("request", lambda r: self.requests.append(r.url))
+        self.page.on("console", lambda m: self.errors.append(f"console.{m.type}: {m.text}")
+                     if m.type in ("error", "assert") else None)
+        self.page.on("pageerror", lambda e: self.errors.append(f"pageerror: {e}"))
+        self.page.on("requestfailed", lambda r: self.errors.append(f"failed: {r.url}"))
+
+    def goto(self, path: str) -> Any:
+        response = self.page.goto(self.base + path, wait_until="load")
+        assert response is not None and response.status == 200, (path, response and response.status)
+        return response
+
+    def check(self) -> None:
+        foreign = [u for u in self.requests
+                   if not (u.startswith(self.base + "/") or u.startswith("data:"))]
+        assert foreign == [], f"requests to other hosts: {foreign}"
+        assert self.errors == [], self.errors
+
+
+@pytest.fixture
+def watched(playwright_browser: Any, server: tuple[str, dict[str, Any]]) -> Iterator[Watched]:
+    context = playwright_browser.new_context(viewport={"width": 1400, "height": 1000})
+    w = Watched(context, server[0])
+    try:
+        yield w
+        w.check()
+    finally:
+        context.close()
+
+
+def _traces(page: Any, fig_id: str) -> int:
+    page.wait_for_selector(f"#{fig_id}[data-drawn='true'] .main-svg")
+    return int(page.evaluate(f"document.getElementById('{fig_id}').data.length"))
+
+
+def _row_ids(page: Any) -> list[int]:
+    return [int(x) for x in page.eval_on_selector_all(
+        "#problems tbody tr", "rows => rows.map(r => r.dataset.problem)")]
+
+
+def test_overview_plots_render(watched, server):
+    _, ids = server
+    page = watched.page
+    watched.goto("/")
+    for fig in ("fig-speedups", "fig-shapes"):
+        assert page.locator(f"#{fig}.js-plotly-plot, #{fig} .plotly").count() >= 1
+        assert _traces(page, fig) >= 2  # several winning methods: one trace each
+    assert page.locator("#fig-speedups .barlayer .point").count() > 0
+    points = page.locator("#fig-shapes .scatterlayer .point")
+    assert points.count() == N_A + N_B
+    assert page.locator("#tuned tbody tr").count() == 2  # (device, pattern) rows
+    assert "queued 1" in page.inner_text("#jobs")
+    # a point of the shape map opens its problem
+    box = points.first.bounding_box()
+    assert box is not None
+    with page.expect_navigation():
+        page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
+    assert "/problems/" in page.url
+    page.wait_for_selector("#json pre")
+
+
+def test_table_filters_and_paginates(watched, server):
+    _, ids = server
+    page = watched.page
+    watched.goto("/problems?per_page=25&sort=speedup")
+    first = _row_ids(page)
+    assert len(first) == 25
+    assert "of 48" in page.inner_text("#count")
+    page.click("a[rel=next]")
+    page.wait_for_url("**&page=2&**")
+    second = _row_ids(page)
+    assert len(second) == 23 and not set(first) & set(second)
+    page.click("a[rel=prev]")
+    page.wait_for_url(lambda u: "&page=" not in u)  # page 1 is the default: left out
+    assert _row_ids(page) == first
+
+    page.select_option("select[name=dtype]", "bfloat16")
+    page.click("#filters button[type=submit]")
+    page.wait_for_url("**dtype=bfloat16**")
+    assert sorted(_row_ids(page)) == sorted(ids["b"])
+    dtypes = page.eval_on_selector_all("#problems tbody tr td:nth-child(5)",
+                                       "cells => cells.map(c => c.textContent.trim())")
+    assert set(dtypes) == {"bfloat16"}
+
+    page.fill("input[name=q]", "no-such-equation")
+    page.click("#filters button[type=submit]")
+    page.wait_for_url("**q=no-such-equation**")
+    assert page.locator("#problems").count() == 0
+    assert "No tuned problem matches" in page.inner_text("#count")
+
+
+def test_table_without_javascript(playwright_browser, server):
+    base, ids = server
+    context = playwright_browser.new_context(java_script_enabled=False)
+    try:
+        w = Watched(context, base)
+        w.goto("/problems?per_page=10")
+        page = w.page
+        assert len(_row_ids(page)) == 10
+        page.select_option("select[name=method]", "baseline")
+        page.click("#filters button[type=submit]")
+        page.wait_for_url("**method=baseline**")
+        assert len(_row_ids(page)) == len(range(0, N_A, 6))
+        page.click("th a:has-text('speedup')")
+        page.wait_for_url("**sort=speedup**")
+        assert "method=baseline" in page.url
+        w.check()
+    finally:
+        context.close()
+
+
+def test_problem_page_shows_its_plots(watched, server):
+    _, ids = server
+    page = watched.page
+    context = page.context
+    context.grant_permissions(["clipboard-read", "clipboard-write"])
+    problem_id = ids["a"][4]  # a winner, two more strategies, a failed trial
+    watched.goto(f"/problems/{problem_id}")
+    strategies = page.locator("div.plot[id^=fig-strategies-]")
+    assert strategies.count() == 1
+    fig = strategies.first.get_attribute("id")
+    assert _traces(page, fig) == 3  # baseline, winner, the other strategy
+    assert page.locator(f"#{fig} .errorbar").count() >= 3
+    assert "not recorded" in page.inner_text(f"#{fig}")
+    history = page.locator("div.plot[id^=fig-history-]").first.get_attribute("id")
+    assert _traces(page, history) == 3  # trials, best so far, failed
+    assert "numerics: max error 0.3" in page.inner_text("ul.failures")
+
+    copy = page.locator("button.copy")
+    assert copy.is_visible()
+    copy.click()
+    page.wait_for_function("document.querySelector('.copied').textContent.length > 0")
+    if page.inner_text(".copied") == "copied":
+        copied = page.evaluate("navigator.clipboard.readText()")
+        assert '"equation"' in copied and copied.strip() == page.inner_text("#problem-json").strip()
