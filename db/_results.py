@@ -325,6 +325,24 @@ def get_winner(s: Session, device_key: str, problem_key: str) -> WinnerRecord | 
     return winner_record(*row) if row is not None else None
 
 
+def get_winners(s: Session, device_key: str, problem_keys: Sequence[str]) -> dict[str, WinnerRecord]:
+    """The stored winners of many problems on one device, by problem key: one query per 500 keys."""
+    keys = list(dict.fromkeys(problem_keys))
+    out: dict[str, WinnerRecord] = {}
+    if not keys:
+        return out
+    device_id = s.execute(select(Device.id).where(Device.key == device_key)).scalar_one_or_none()
+    if device_id is None:
+        return out
+    for lo in range(0, len(keys), 500):
+        ids = select(Problem.id).where(Problem.key.in_(keys[lo: lo + 500]))
+        rows = s.execute(select(Winner, Problem.key).join(Problem, Winner.problem_id == Problem.id)
+                         .where(Winner.device_id == device_id, Winner.problem_id.in_(ids)))
+        for winner, problem_key in rows:
+            out[problem_key] = winner_record(winner, device_key, problem_key)
+    return out
+
+
 def list_winners(s: Session, device_key: str | None = None) -> list[WinnerRecord]:
     stmt = _winner_select()
     if device_key is not None:
