@@ -12,10 +12,13 @@ from .strategy import CHUNKS, DIRECTIONS, FUSES, UNROLLS, Strategy, StrategyErro
 def space(problem: Problem, device: Device | None = None) -> list[Strategy]:
     """Every valid Strategy for `problem`, baseline first, in a stable order.
 
-    `device` is accepted for platform-specific candidates (none on CPU yet); the ring
-    decompositions are valid on every platform.
+    The ring decompositions are valid on every platform. `xla_windowed` (XLA's own windowed
+    einsum, see `autotuner.strategies.xla`) is offered only when `device` names a platform whose
+    compiler honours its options (gpu: with and without multi-streaming; tpu); never on CPU,
+    which accepts the options and ignores them, nor when the device is unknown.
     """
     from .strategies import check_valid
+    from .strategies.xla import MULTI_STREAM_PLATFORMS, PLATFORMS
 
     out = [Strategy.baseline()]
     if problem.pattern.kind == "none" or problem.axis_size == 1:
@@ -28,4 +31,9 @@ def space(problem: Problem, device: Device | None = None) -> list[Strategy]:
         except StrategyError:
             continue
         out.append(s)
+    platform = device.platform if device is not None else None
+    if platform in PLATFORMS:
+        out.append(Strategy("xla_windowed"))
+        if platform in MULTI_STREAM_PLATFORMS:
+            out.append(Strategy("xla_windowed", multi_stream=True))
     return out

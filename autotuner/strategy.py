@@ -14,6 +14,12 @@ einsums (Wang et al., ASPLOS 2023). Its knobs, each a different program:
   (or adds it to the accumulator) inside the loop; `after` collects the partial results as loop
   outputs and concatenates (or sums) them after the loop.
 - send_first: the step's transfer is issued before its partial einsum (True) or after (False).
+
+`xla_windowed` compiles the plain einsum (GSPMD inserts the collective, as the baseline's plain
+collective + einsum) with XLA's own windowed-einsum ("collective matmul") pass switched on by
+per-compile options (`autotuner.strategies.compiler_options`); `multi_stream` asks XLA:GPU to run
+the windowed loop's partial einsums on several streams. Only the platforms that honour the
+options get it from `space` (GPU, TPU); XLA:CPU accepts and ignores them.
 """
 
 from __future__ import annotations
@@ -21,11 +27,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-METHODS = ("baseline", "ring")
+METHODS = ("baseline", "ring", "xla_windowed")
 DIRECTIONS = ("uni", "bidi")
 CHUNKS = (1, 2, 4)
 UNROLLS: tuple[int | str, ...] = (1, 2, "full")
 FUSES = ("loop", "after")
+RING_KNOBS = ("direction", "chunks", "unroll", "fuse", "send_first")
 
 
 class StrategyError(ValueError):
@@ -38,12 +45,13 @@ class StrategyError(ValueError):
 
 @dataclass(frozen=True)
 class Strategy:
-    method: Literal["baseline", "ring"] = "baseline"
+    method: Literal["baseline", "ring", "xla_windowed"] = "baseline"
     direction: Literal["uni", "bidi"] = "uni"
     chunks: int = 1
     unroll: int | str = "full"
     fuse: Literal["loop", "after"] = "loop"
     send_first: bool = True
+    multi_stream: bool = False   # xla_windowed only
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -58,6 +66,14 @@ class Strategy:
             raise StrategyError("fuse", f"must be one of {FUSES}, got {self.fuse!r}")
         if not isinstance(self.send_first, bool):
             raise StrategyError("send_first", f"must be true or false, got {self.send_first!r}")
+        if not isinstance(self.multi_stream, bool):
+            raise StrategyError("multi_stream", f"must be true or false, got {self.multi_stream!r}")
+        if self.multi_stream and self.method != "xla_windowed":
+            raise StrategyError("multi_stream", "applies to method 'xla_windowed' only")
+        if self.method == "xla_windowed":
+            for name in RING_KNOBS:
+                if getattr(self, name) != _RING_DEFAULTS[name]:
+                    raise StrategyError(name, "applies to method 'ring' only, not 'xla_windowed'")
 
     @classmethod
     def baseline(cls) -> Strategy:
@@ -70,6 +86,8 @@ class Strategy:
     def to_dict(self) -> dict[str, Any]:
         if self.is_baseline:
             return {"method": "baseline"}
+        if self.method == "xla_windowed":
+            return {"method": self.method, "multi_stream": self.multi_stream}
         return {"method": self.method, "direction": self.direction, "chunks": self.chunks,
                 "unroll": self.unroll, "fuse": self.fuse, "send_first": self.send_first}
 
@@ -77,7 +95,7 @@ class Strategy:
     def from_dict(cls, d: Any) -> Strategy:
         if not isinstance(d, dict):
             raise StrategyError("method", f"expected a JSON object, got {type(d).__name__}")
-        known = {"method", "direction", "chunks", "unroll", "fuse", "send_first"}
+        known = {"method", *RING_KNOBS, "multi_stream"}
         extra = sorted(set(d) - known)
         if extra:
             raise StrategyError(extra[0], "unknown field")
@@ -85,15 +103,25 @@ class Strategy:
             raise StrategyError("method", "missing field")
         if d["method"] == "baseline":
             return cls()
+        if d["method"] == "xla_windowed":
+            ring = sorted(set(d) & set(RING_KNOBS))
+            if ring:
+                raise StrategyError(ring[0], "applies to method 'ring' only, not 'xla_windowed'")
         return cls(**d)
 
     @property
     def key(self) -> str:
-        """Short stable name, e.g. `baseline` or `ring-bidi-c2-u1-loop-send`."""
+        """Short stable name, e.g. `baseline`, `ring-bidi-c2-u1-loop-send` or `xla_windowed-ms`."""
         if self.is_baseline:
             return "baseline"
+        if self.method == "xla_windowed":
+            return "xla_windowed-ms" if self.multi_stream else "xla_windowed"
         return (f"{self.method}-{self.direction}-c{self.chunks}-u{self.unroll}-{self.fuse}-"
                 f"{'send' if self.send_first else 'comp'}")
 
     def __str__(self) -> str:
         return self.key
+
+
+_RING_DEFAULTS: dict[str, Any] = {"direction": "uni", "chunks": 1, "unroll": "full", "fuse": "loop",
+                                  "send_first": True}

@@ -12,8 +12,9 @@ from ..strategy import Strategy, StrategyError
 from . import allgather, reducescatter
 from ._common import check_mesh, loop_trips, wrap
 from .baseline import compute_only, local_baseline, local_comm_only
+from .xla import compiler_options, plain_einsum
 
-__all__ = ["build", "build_parts", "check_valid", "loop_trips"]
+__all__ = ["build", "build_parts", "check_valid", "compiler_options", "loop_trips"]
 
 
 def check_valid(problem: Problem, s: Strategy) -> None:
@@ -23,6 +24,8 @@ def check_valid(problem: Problem, s: Strategy) -> None:
     pat, n = problem.pattern, problem.axis_size
     if pat.kind == "none":
         raise StrategyError("method", "the einsum is local: only the baseline applies")
+    if s.method == "xla_windowed":
+        return  # which platforms honour its options is for `space` to say
     if s.direction == "bidi" and n < 3:
         raise StrategyError("direction", f"bidirectional needs at least 3 devices on the ring, got {n}")
     if pat.kind == "reduce_scatter" and s.fuse != "loop":
@@ -42,7 +45,10 @@ def check_valid(problem: Problem, s: Strategy) -> None:
 
 
 def build(problem: Problem, strategy: Strategy, mesh: Mesh) -> Callable[[jax.Array, jax.Array], jax.Array]:
-    """A jittable function of the two global arrays returning the einsum sharded as `out_spec`."""
+    """A jittable function of the two global arrays returning the einsum sharded as `out_spec`.
+
+    For `xla_windowed` this is the plain GSPMD einsum: compile it with
+    `compiler_options(strategy, platform)` to get XLA's windowed einsum."""
     if not isinstance(problem, Problem):
         raise TypeError(f"build() needs a Problem, got {type(problem).__name__}")
     if isinstance(strategy, dict):
@@ -51,6 +57,9 @@ def build(problem: Problem, strategy: Strategy, mesh: Mesh) -> Callable[[jax.Arr
     check_valid(problem, strategy)
     if strategy.is_baseline:
         return wrap(problem, mesh, local_baseline(problem))
+    if strategy.method == "xla_windowed":
+        # the plain program; its compile options come from compiler_options(strategy, platform)
+        return plain_einsum(problem, mesh)
     impl = allgather if problem.pattern.kind == "all_gather" else reducescatter
     return wrap(problem, mesh, impl.local_ring(problem, strategy))
 
