@@ -96,6 +96,20 @@ def _measured_keys(study: Any) -> dict[str, int]:
     return out
 
 
+def _dead_here(worker: str) -> bool:
+    """A worker of this host whose process is gone: its lease need not run out."""
+    host, _, pid = worker.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit() or int(pid) == os.getpid():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
 def _reclaim_stale(study: Any, now: float) -> int:
     """Fail RUNNING trials whose lease expired (a killed worker) and queue their strategies again."""
     import optuna
@@ -103,7 +117,8 @@ def _reclaim_stale(study: Any, now: float) -> int:
     n = 0
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         lease = t.user_attrs.get("lease_until")
-        if lease is not None and lease < now and "strategy_key" in t.user_attrs:
+        expired = lease is not None and (lease < now or _dead_here(t.user_attrs.get("worker", "")))
+        if expired and "strategy_key" in t.user_attrs:
             try:
                 study.tell(t.number, state=optuna.trial.TrialState.FAIL)
             except (RuntimeError, ValueError):  # another worker got there first
