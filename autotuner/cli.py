@@ -417,11 +417,13 @@ def db_upgrade(
 
 
 def _register_plugins() -> None:
+    from .cli_costmodel import register as register_costmodel
     from .cli_extract import register as register_extract
     from .cli_service import register as register_service
 
     register_extract(app)
     register_service(app)
+    register_costmodel(app)
 
 
 _register_plugins()
