@@ -8,8 +8,10 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import itertools  # noqa: E402
+import shutil  # noqa: E402
 import uuid  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 from sqlalchemy import Engine, create_engine, text  # noqa: E402
@@ -97,3 +99,36 @@ def pg_url(pg_server: PgServer) -> Iterator[str]:
     name = pg_server.create()
     yield pg_server.url_for(name)
     pg_server.drop(name)
+
+
+BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite file at the head revision, copied for every test."""
+    path = tmp_path_factory.mktemp("template") / "autotuner.db"
+    upgrade(f"sqlite:///{path}")
+    for suffix in ("-wal", "-shm"):  # the last connection closed: the WAL is checkpointed
+        assert not Path(f"{path}{suffix}").exists() or Path(f"{path}{suffix}").stat().st_size == 0
+    return path
+
+
+@pytest.fixture(params=BACKENDS)
+def backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture
+def db_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """URL of a fresh database migrated to head."""
+    if backend == "sqlite":
+        template = request.getfixturevalue("sqlite_template")
+        path = tmp_path / "autotuner.db"
+        shutil.copyfile(template, path)
+        yield f"sqlite:///{path}"
+        return
+    pg = request.getfixturevalue("pg_server")  # tests/conftest.py
+    name = pg.create(template=pg.migrated_template())
+    yield pg.url_for(name)
+    pg.drop(name)

@@ -11,45 +11,14 @@ of a migrated file under ``tmp_path``.
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from db import Database, upgrade
+from db import Database
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
-
-
-@pytest.fixture(scope="session")
-def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A SQLite file at the head revision, copied for every test."""
-    path = tmp_path_factory.mktemp("template") / "autotuner.db"
-    upgrade(f"sqlite:///{path}")
-    for suffix in ("-wal", "-shm"):  # the last connection closed: the WAL is checkpointed
-        assert not Path(f"{path}{suffix}").exists() or Path(f"{path}{suffix}").stat().st_size == 0
-    return path
-
-
-@pytest.fixture(params=BACKENDS)
-def backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-@pytest.fixture
-def db_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """URL of a fresh database migrated to head."""
-    if backend == "sqlite":
-        template = request.getfixturevalue("sqlite_template")
-        path = tmp_path / "autotuner.db"
-        shutil.copyfile(template, path)
-        yield f"sqlite:///{path}"
-        return
-    pg = request.getfixturevalue("pg_server")  # tests/conftest.py
-    name = pg.create(template=pg.migrated_template())
-    yield pg.url_for(name)
-    pg.drop(name)
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from starlette.exceptions import StarletteDeprecationWarning
 
-from db import Database, Settings, upgrade
+from db import Database, Settings
 from service import create_app
 from service.testing import DEVICE, WRITE_HEADERS, WRITE_TOKEN, measurements
 
@@ -26,33 +26,6 @@ with warnings.catch_warnings():
     from fastapi.testclient import TestClient
 
 BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
-
-
-@pytest.fixture(scope="session")
-def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("service-template") / "autotuner.db"
-    upgrade(f"sqlite:///{path}")
-    return path
-
-
-@pytest.fixture(params=BACKENDS)
-def backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-@pytest.fixture
-def db_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    """URL of a fresh database at the head revision."""
-    if backend == "sqlite":
-        template = request.getfixturevalue("sqlite_template")
-        path = tmp_path / "autotuner.db"
-        shutil.copyfile(template, path)
-        yield f"sqlite:///{path}"
-        return
-    pg = request.getfixturevalue("pg_server")  # tests/conftest.py
-    name = pg.create(template=pg.migrated_template())
-    yield pg.url_for(name)
-    pg.drop(name)
 
 
 @pytest.fixture
