@@ -43,14 +43,11 @@ UNI = Strategy("ring", "uni", 1, "full", "loop", True)
 BIDI = Strategy("ring", "bidi", 2, "full", "loop", True)
 N_A, N_B = 40, 8
 
-# The service app with the dashboard included (a no-op once create_app includes it itself).
+# The service app as `autotuner serve` builds it (create_app includes the dashboard).
 SERVER = textwrap.dedent("""
     import sys, uvicorn
     from service.app import create_app
-    from service import dashboard
     app = create_app()
-    if not any(getattr(r, "path", None) == "/problems" for r in app.routes):
-        app.include_router(dashboard.router)
     uvicorn.run(app, host=sys.argv[1], port=int(sys.argv[2]), log_level="warning",
                 access_log=False)
 """)
@@ -310,7 +307,11 @@ def test_problem_page_shows_its_plots(watched, server):
     copy = page.locator("button.copy")
     assert copy.is_visible()
     copy.click()
-    page.wait_for_function("document.querySelector('.copied').textContent.length > 0")
+    # A Python-side wait: wait_for_function evaluates its string with eval(), which the
+    # dashboard's CSP (script-src 'self') forbids, as it should.
+    from playwright.sync_api import expect
+
+    expect(page.locator(".copied")).not_to_have_text("", timeout=TIMEOUT_MS)
     if page.inner_text(".copied") == "copied":
         copied = page.evaluate("navigator.clipboard.readText()")
         assert '"equation"' in copied and copied.strip() == page.inner_text("#problem-json").strip()
