@@ -118,6 +118,8 @@ def tune(
     try:
         with TargetSession(tgt, log=lambda m: err.print(m, highlight=False)) as ts:
             err.print(f"device {ts.device.label} ({ts.device.key[:8]})", highlight=False)
+            if not exhaustive:
+                _say_model(database, ts.device)
             for name, problem in items:
                 try:
                     ts.check(problem)
@@ -134,6 +136,18 @@ def tune(
     except TargetError as e:
         fail(str(e))
     _summary(rows)
+
+
+def _say_model(database: Any, device: Any) -> None:
+    from .costmodel import CostModelError, load_params
+
+    try:
+        load_params(database, device)
+    except CostModelError:
+        err.print("cost model: this device has no calibration (`autotuner calibrate`); "
+                  "the search starts from the nearest tuned shapes only", highlight=False)
+    else:
+        err.print("cost model: the device's calibration orders the first trials", highlight=False)
 
 
 def _tune_one(ts: Any, database: Any, name: str, problem: Any, run_id: str, *, exhaustive: bool,
@@ -291,6 +305,27 @@ def best_target() -> tuple[str, str]:
                              "transfers are memory-speed and overlap gains small)")
 
 
+def _start_with_fallback(tgt: Any) -> Any:
+    """A session on `tgt`; a shaped lab that cannot start falls back to plain processes on
+    loopback, and those to in-process devices, saying why each time."""
+    from .targets import Target, TargetSession
+
+    chain = [tgt]
+    if tgt.kind == "lab":
+        n = tgt.n or 2
+        if not tgt.text.startswith("lab:none:"):
+            chain.append(Target.parse(f"lab:none:{n}"))
+        chain.append(Target.parse(f"inproc:{n}"))
+    for i, t in enumerate(chain):
+        try:
+            return TargetSession(t, log=lambda m: err.print(m, highlight=False))
+        except Exception as e:  # noqa: BLE001 - a lab that cannot start: fall back, say why
+            if i == len(chain) - 1:
+                raise
+            err.print(f"{t.text} could not start ({e}); falling back to {chain[i + 1].text}", highlight=False)
+    raise AssertionError("unreachable")
+
+
 @app.command()
 def up(
     host: Annotated[str, typer.Option(help="address the service listens on")] = "127.0.0.1",
@@ -303,9 +338,8 @@ def up(
 ) -> None:
     """The main job: tune the built-in transformer suite on the best target here, store the
     results in the database, then serve them with the dashboard."""
-    from .search import tune_problem
     from .suite import suite
-    from .targets import Target, TargetError, TargetSession
+    from .targets import Target, TargetError
 
     chosen, why = (target, "given with --target") if target else best_target()
     err.print(f"target {chosen}: {why}", highlight=False)
@@ -314,38 +348,14 @@ def up(
     t0 = time.perf_counter()
     rows = []
     try:
-        tgt = Target.parse(chosen)
-        try:
-            ts = TargetSession(tgt, log=lambda m: err.print(m, highlight=False))
-        except Exception as e:  # noqa: BLE001 - a lab that cannot start: fall back, say why
-            if tgt.kind != "lab":
-                raise
-            err.print(f"the lab could not start ({e}); falling back to inproc:2", highlight=False)
-            ts = TargetSession(Target.parse("inproc:2"))
+        ts = _start_with_fallback(Target.parse(chosen))
         with ts:
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                TextColumn,
-                TimeElapsedColumn,
-            )
-
+            err.print(f"device {ts.device.label} ({ts.device.key[:8]})", highlight=False)
+            _say_model(database, ts.device)
             run_id = uuid.uuid4().hex[:12]
-            shapes = suite(ts.device.num_devices)
-            with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                          TimeElapsedColumn(), console=err, transient=True) as prog:
-                for name, _regime, p in shapes:
-                    t1 = time.perf_counter()
-                    res = tune_problem(ts, database, p, trials=trials, reps=reps, run_id=run_id,
-                                       progress=prog, name=name)
-                    w = res.winner
-                    rows.append({"name": name, "winner": w.strategy if w else None,
-                                 "speedup": w.speedup if w else None,
-                                 "speedup_ci": [w.speedup_lo, w.speedup_hi] if w else None,
-                                 "baseline_s": w.baseline_s if w else None, "winner_s": w.winner_s if w else None,
-                                 "bound_s": res.bound_s, "efficiency": None, "trials": res.trials,
-                                 "failed": res.failed, "seconds": time.perf_counter() - t1})
+            for name, _regime, p in suite(ts.device.num_devices):
+                rows.append(_tune_one(ts, database, name, p, run_id, exhaustive=False, trials=trials,
+                                      seconds=None, reps=reps))
     except TargetError as e:
         fail(str(e))
     _summary(rows)

@@ -43,6 +43,7 @@ answers (`model_answer(database)` builds the function it calls).
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -299,27 +300,28 @@ class _Schedule:
 
     def makespan(self) -> float:
         ts = self.tasks
-        queues: dict[str, list[int]] = {}
+        waiting = [len(t.deps) for t in ts]  # inputs not yet done
+        children: list[list[int]] = [[] for _ in ts]
+        ready: dict[str, list[int]] = {}  # per resource, a heap of ready tasks in program order
         for i, t in enumerate(ts):
-            t.left = t.work
-            queues.setdefault(t.res, []).append(i)
-        running: dict[str, list[int]] = {r: [] for r in queues}
+            t.left, t.done = t.work, math.nan
+            ready.setdefault(t.res, [])
+            for d in t.deps:
+                children[d].append(i)
+            if not t.deps:
+                ready[t.res].append(i)  # i ascends: already a heap
+        caps = {r: self.slots if r == "cpu" else 1 << 30 if r == "join" else 1 for r in ready}
+        running: dict[str, list[int]] = {r: [] for r in ready}
         now = 0.0
         finished = 0
         while finished < len(ts):
-            for r, q in queues.items():
+            for r, q in ready.items():
                 # a link carries one transfer at a time (the first ready in program order); the cpu
                 # runs up to `slots` ready einsums at once, sharing its rate (XLA:CPU runs
                 # independent thunks concurrently on one thread pool)
-                cap = self.slots if r == "cpu" else 1 << 30 if r == "join" else 1
-                j = 0
-                while len(running[r]) < cap and j < len(q):
-                    i = q[j]
-                    if all(not math.isnan(ts[d].done) for d in ts[i].deps):
-                        running[r].append(i)
-                        del q[j]
-                    else:
-                        j += 1
+                run = running[r]
+                while q and len(run) < caps[r]:
+                    run.append(heapq.heappop(q))
             busy = {r: xs for r, xs in running.items() if xs}
             if not busy:
                 raise CostModelError("schedule deadlock (a task waits on a later one)")
@@ -337,6 +339,10 @@ class _Schedule:
                         ts[i].done = now
                         xs.remove(i)
                         finished += 1
+                        for c in children[i]:
+                            waiting[c] -= 1
+                            if not waiting[c]:
+                                heapq.heappush(ready[ts[c].res], c)
         return now
 
 
@@ -544,33 +550,55 @@ def predict(problem: Problem, device: Device | None, params: Params) -> tuple[St
     return best, (base / pred[best.key] if pred[best.key] > 0 else 1.0)
 
 
-def model_answer(database: Any, *, cache_s: float = 300.0) -> Callable[[Problem, Device], tuple[Strategy, float] | None]:
+def model_answer(database: Any, *, cache_s: float = 300.0, min_speedup: float = 1.1
+                 ) -> Callable[[Problem, Device], tuple[Strategy, float] | None]:
     """For the service: `fn(problem, device) -> (strategy, speedup) | None` (None: the device has
-    no calibration, or the model prefers the baseline). Calibrations are read from `database`
-    (`load_params`) and kept `cache_s` seconds."""
+    no calibration, or the model does not predict at least `min_speedup` over the baseline: a
+    prediction is not a measurement, so a thin predicted gain is left to the baseline rather than
+    risk a regression). Calibrations are read from `database` (`load_params`) and kept `cache_s`
+    seconds; predictions (a few ms per strategy) are kept per (device, problem) until the
+    device's calibration changes, at most `ANSWERS_MAX` of them."""
+    import threading
     import time
 
-    cache: dict[str, tuple[float, Params | None]] = {}
+    params_cache: dict[str, tuple[float, Params | None]] = {}
+    answers: dict[tuple[str, str], tuple[Strategy, float] | None] = {}
+    lock = threading.Lock()
 
     def fn(problem: Problem, device: Device) -> tuple[Strategy, float] | None:
         now = time.monotonic()
-        hit = cache.get(device.key)
+        hit = params_cache.get(device.key)
         if hit is None or now - hit[0] > cache_s:
             try:
-                hit = (now, load_params(database, device))
+                fresh: Params | None = load_params(database, device)
             except CostModelError:
-                hit = (now, None)
-            cache[device.key] = hit
+                fresh = None
+            with lock:
+                if hit is not None and hit[1] != fresh:  # recalibrated: earlier answers are stale
+                    for k in [k for k in answers if k[0] == device.key]:
+                        del answers[k]
+                hit = params_cache[device.key] = (now, fresh)
         params = hit[1]
         if params is None or problem.pattern.kind == "none":
             return None
+        key = (device.key, problem.key)
+        if key in answers:
+            return answers[key]
         try:
             s, speedup = predict(problem, device, params)
+            got = None if s.is_baseline or speedup < min_speedup else (s, speedup)
         except CostModelError:
-            return None
-        return None if s.is_baseline else (s, speedup)
+            got = None
+        with lock:
+            if len(answers) >= ANSWERS_MAX:
+                answers.clear()
+            answers[key] = got
+        return got
 
     return fn
+
+
+ANSWERS_MAX = 100_000
 
 
 # ============================================================================ the database
@@ -734,7 +762,7 @@ def fit(raw: dict[str, Any]) -> Params:
     # memory floor: the skinny einsums of the transfer sweep are memory-bound
     mem = [(geometry(p).in_bytes + geometry(p).out_bytes) / s["comp_s"]
            for s in xs if s.get("comp_s") for p in [Problem.from_dict(s["problem"])]]
-    params = Params(mm=tuple(mm), mem_bw=max(mem) if mem else 1e10, mm_fit=_fit_curve(mm),
+    params = Params(mm=tuple(mm), mem_bw=max(mem) if mem else 1e10, mm_fit=(),
                     ag=(0.0, 0.0), rs=(0.0, 0.0), alpha=0.0, beta_uni=0.0, beta_bidi=0.0, num_devices=n)
     if n == 1 or not xs:
         return params

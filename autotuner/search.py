@@ -176,13 +176,16 @@ def _ask(study: Any, valid: set[str], worker: str, lease_s: float) -> tuple[Any,
 def tune_problem(ts: Any, database: Any, problem: Problem, *, trials: int = 24, seconds: float | None = None,
                  reps: int = 7, batch: int = 5, run_id: str | None = None, progress: Any = None,
                  name: str = "", seed: int | None = None, db_url: str | None = None,
-                 order: Callable[[list[Strategy]], list[Strategy]] | None = None) -> TuneResult:
+                 order: Callable[[list[Strategy]], list[Strategy]] | None = None,
+                 use_model: bool = True) -> TuneResult:
     """Tune one problem on an open target session `ts`; results into `database`.
 
     `trials` bounds the strategies measured in the study (by all its workers together), `seconds`
     this call's wall time. When the space is no larger than the budget, every strategy is queued
     (a grid); otherwise TPE proposes, starting from the nearest tuned problems' winners.
-    `order` (e.g. the cost model's ranking) queues the likely winners first.
+    `order` (e.g. the cost model's ranking) queues the likely winners first; without one, and
+    unless `use_model` is False, the cost model's order is used when the device has a
+    calibration in `database` (`autotuner calibrate`).
     """
     import optuna
 
@@ -202,6 +205,10 @@ def tune_problem(ts: Any, database: Any, problem: Problem, *, trials: int = 24, 
     valid = {s.key for s in cands}
     study = open_study(database, url, device, problem, seed=seed)
     _reclaim_stale(study, time.time())
+    if order is None and use_model and len(cands) > trials:
+        from .costmodel import order_for
+
+        order = order_for(database, device, problem)
     if len(cands) <= trials:
         for s in cands:
             study.enqueue_trial(params_of(s), skip_if_exists=True)

@@ -120,7 +120,8 @@ def tune_shape(ts: Any, cfg: str, name: str, p: Problem, ex: Any, params: cm.Par
             database.upgrade()
             order = cm.ranker(params, p) if arm == "model" else None
             t0 = time.perf_counter()
-            res = tune_problem(ts, database, p, trials=budget, reps=reps, name=name, seed=seed, order=order)
+            res = tune_problem(ts, database, p, trials=budget, reps=reps, name=name, seed=seed, order=order,
+                               use_model=False)
             study = optuna.load_study(study_name=study_name(ts.device, p), storage=optuna_storage_url(url))
             seq = [t.user_attrs["strategy_key"] for t in sorted(study.trials, key=lambda t: t.number)
                    if t.user_attrs.get("strategy_key") and t.user_attrs.get("measured", True)]
@@ -225,7 +226,7 @@ def replay(recs: list[dict[str, Any]], seeds: int, tol: float, trials: int | Non
                     database = Database(url)
                     order = cm.ranker(params, p) if arm == "model" else None
                     tune_problem(ReplayTarget(device, sess, 1000 * seed), database, p, trials=budget, reps=5,
-                                 seed=seed, order=order)
+                                 seed=seed, order=order, use_model=False)
                     study = optuna.load_study(study_name=study_name(device, p), storage=optuna_storage_url(url))
                     seq = list(dict.fromkeys(t.user_attrs["strategy_key"] for t in sorted(study.trials, key=lambda t: t.number)
                                              if t.user_attrs.get("strategy_key") and t.user_attrs.get("measured", True)))

@@ -26,7 +26,7 @@ from autotuner.suite import suite
 from autotuner.targets import Target, TargetSession
 
 CONFIGS = ["shared:2:2gbit", "shared:4:2gbit", "ring:2:1gbit", "ring:4:1gbit"]
-out = Console(width=160, emoji=False)
+out = Console(width=250, emoji=False)  # wide enough for the summary when piped
 
 
 def ms(x: float | None) -> str:
@@ -36,6 +36,13 @@ def ms(x: float | None) -> str:
 def winner(s: SessionResult) -> str:
     best = [c for c in s.candidates if c.status == "ok" and c.ratio_lo is not None and c.ratio_lo > 1.0]
     return max(best, key=lambda c: c.ratio).key if best else "baseline"
+
+
+def best_of(s: SessionResult, direction: str) -> float | None:
+    """The fastest ring of one direction in the session (None: no such strategy ran)."""
+    times = [c.median_s for c in s.candidates if c.status == "ok" and c.median_s is not None
+             and c.strategy.get("direction") == direction]
+    return min(times) if times else None
 
 
 def shape_table(title: str, s: SessionResult, top: int) -> Table:
@@ -62,8 +69,8 @@ def main() -> int:
     wanted = set(args.shapes.split(",")) if args.shapes else None
     summary = Table(title="lab suite: winners (speedup over baseline measured in the same session)")
     for col in ("config", "shape", "regime", "strategies", "comm ms", "comp ms", "bound ms", "baseline ms",
-                "best ms", "best", "speedup", "95% CI", "eff", "winner"):
-        summary.add_column(col)
+                "best uni ms", "best bidi ms", "best ms", "best", "speedup", "95% CI", "eff", "winner"):
+        summary.add_column(col, no_wrap=col in ("config", "best", "winner"))
     sink = open(args.json, "w") if args.json else None  # noqa: SIM115
     for cfg in configs:
         spec = LabSpec.parse(f"lab:{cfg}")
@@ -80,7 +87,8 @@ def main() -> int:
                                       f"bound {ms(s.bound_s)} ms", s, args.top))
                 best = s.best()
                 summary.add_row(cfg, name, regime, str(len(strategies)), ms(s.comm_s), ms(s.comp_s), ms(s.bound_s),
-                                ms(s.baseline.median_s), ms(best.median_s), best.key,
+                                ms(s.baseline.median_s), ms(best_of(s, "uni")), ms(best_of(s, "bidi")),
+                                ms(best.median_s), best.key,
                                 "-" if best.ratio is None else f"{best.ratio:.3f}",
                                 "-" if best.ratio_lo is None else f"{best.ratio_lo:.2f}-{best.ratio_hi:.2f}",
                                 "-" if best.efficiency is None else f"{best.efficiency:.2f}", winner(s))

@@ -23,7 +23,7 @@ from service.deps import ServiceState
 from service.limits import BodyLimitMiddleware
 from service.lookups import LookupEngine
 from service.metrics import Metrics, MetricsMiddleware
-from service.model import ModelFn, model_answer
+from service.model import ModelFn
 from service.routes import ROUTERS
 from service.routes.health import VERSION
 
@@ -45,17 +45,23 @@ def _warm_up() -> None:
 
 
 def create_app(settings: Settings | None = None, *, database: Database | None = None,
-               model: ModelFn = model_answer, check_schema: bool = True) -> FastAPI:
+               model: ModelFn | None = None, check_schema: bool = True) -> FastAPI:
     """The service for ``settings`` (default: from the environment).
 
     ``database`` defaults to ``Database(settings.db_url)`` (closed on shutdown only if created
-    here). ``model`` is the cost-model hook (see :mod:`service.model`). ``check_schema``:
+    here). ``model`` is the cost-model hook (see :mod:`service.model`); by default the
+    calibrated cost model of :mod:`autotuner.costmodel`, which answers for devices that have a
+    calibration in the database (``autotuner calibrate``) and stays silent for the others. ``check_schema``:
     refuse to start on a database that is not at the head revision.
     """
     settings = settings or get_settings()
     own_db = database is None
     db = database if database is not None else Database(settings.db_url)
     metrics = Metrics()
+    if model is None:
+        from autotuner.costmodel import model_answer  # pure Python: no JAX at import
+
+        model = model_answer(db)
     lookups = LookupEngine(db, metrics, cache_seconds=settings.lookup_cache_seconds,
                            nearest_max_distance=settings.nearest_max_distance, model=model)
     state = ServiceState(settings=settings, database=db, lookups=lookups, metrics=metrics)

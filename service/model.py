@@ -1,7 +1,8 @@
 """Hook for a cost model's prediction (``source: "model"`` lookups).
 
-The default, :func:`model_answer`, answers ``None``: lookups go from ``nearest`` straight to
-``default``. A cost model plugs in through ``create_app(model=fn)``, ``fn(problem, device)``
+:func:`model_answer` here answers ``None`` (no model: lookups go from ``nearest`` straight to
+``default``). ``create_app`` plugs in the calibrated cost model,
+``autotuner.costmodel.model_answer(database)``, unless it is given ``model=fn``: ``fn(problem, device)``
 returning a :class:`ModelAnswer`, a ``(strategy, speedup)`` pair (the form of
 ``autotuner.costmodel.model_answer(database)``) or ``None``; the service checks that the
 strategy can run the problem and never invents an answer itself.

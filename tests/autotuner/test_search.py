@@ -62,6 +62,34 @@ def test_budget_dedupe_resume_and_winner_rule(tmp_path):
     database.dispose()
 
 
+def test_a_calibrated_device_measures_the_cost_models_picks_first(tmp_path):
+    import dataclasses
+
+    from autotuner import costmodel
+    from db import Database
+
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+    database = Database(url)
+    database.upgrade()
+    p = Problem.from_dict(P8)
+    gbit = 1e9 / 8
+    params = costmodel.Params(mm=tuple((f, f / 20e9) for f in (1e6, 1e9, 1e11)), mem_bw=1e10,
+                              ag=(1e-4, 1 / (2 * gbit)), rs=(1e-4, 1 / (2 * gbit)), alpha=1e-5,
+                              beta_uni=1 / (2 * gbit), beta_bidi=1 / (4 * gbit), kappa=0.0,
+                              kappa_x=0.0, loop_s=1e-4, copy_bw=1e10, num_devices=8)
+    with TargetSession(Target.parse("inproc:8")) as ts:
+        costmodel.save_params(database, ts.device, params)
+        ring = [s for s in space(p, ts.device) if s.method == "ring"]
+        top = [s.key for s in costmodel.ranker(params, p)(ring)][:2]
+        tune_problem(ts, database, p, trials=6, reps=3, seed=3)
+        first = [k for k in measured_keys(url) if k != "baseline"][:2]
+        assert first == top
+        # without the model (or without a calibration) the search does not start there
+        other = dataclasses.replace(ts.device, topology="uncalibrated")
+        assert costmodel.order_for(database, other, p) is None
+    database.dispose()
+
+
 def _worker_cmd(problems: Path, db: str, trials: int, target: str) -> list[str]:
     return [sys.executable, "-m", "autotuner.cli", "tune", "--problems", str(problems), "--target", target,
             "--trials", str(trials), "--reps", "3", "--db", db, "--json"]

@@ -566,3 +566,29 @@ def _items() -> list[dict[str, Any]]:
 
     return [{**m, "strategy": Strategy.from_dict(m["strategy"]).to_dict(),
              "strategy_key": Strategy.from_dict(m["strategy"]).key} for m in measurements()]
+
+
+def test_lookup_answers_from_a_calibrated_cost_model_by_default(make_client, database):
+    """create_app's default model is autotuner.costmodel's: a device with a calibration in the
+    database gets `model` answers for untuned shapes; an uncalibrated one gets `default`."""
+    import dataclasses
+
+    from autotuner import costmodel
+
+    gbit = 1e9 / 8
+    params = costmodel.Params(mm=tuple((f, f / 20e9) for f in (1e6, 1e9, 1e11)), mem_bw=1e10,
+                              ag=(1e-4, 1 / (2 * gbit)), rs=(1e-4, 1 / (2 * gbit)), alpha=1e-4,
+                              beta_uni=1 / (2 * gbit), beta_bidi=1 / (2 * gbit), kappa=0.0, kappa_x=0.0,
+                              loop_s=1e-4, copy_bw=1e10, num_devices=8)
+    device = Device.from_dict(DEVICE)
+    costmodel.save_params(database, device, params)
+    p = problem(2048, 1024, 512)
+    best, speedup = costmodel.predict(Problem.from_dict(p), device, params)
+    assert not best.is_baseline and speedup >= 1.1  # the made-up device overlaps this shape well
+
+    c = make_client()
+    body = lookup(c, p).json()
+    assert body["source"] == "model", body
+    assert body["strategy"] == best.to_dict() and body["speedup"] == pytest.approx(speedup)
+    other = dataclasses.replace(device, topology="lab-ring-1gbit").to_dict()
+    assert c.post("/v1/lookup", json={"device": other, "problem": p}).json()["source"] == "default"
