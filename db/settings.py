@@ -113,6 +113,8 @@ class Settings(BaseSettings):
     # tuned neighbour may be for a `nearest` answer
     lookup_cache_seconds: float = Field(default=5.0, ge=0)
     nearest_max_distance: float = Field(default=2.0, ge=0)
+    # per request: how long the cost model may predict for untuned shapes (the rest: default)
+    model_budget_seconds: float = Field(default=2.0, ge=0)
     # client (autotuner.client.default_client): the service a training job asks
     service_url: str | None = None
     service_token: str | None = Field(default=None, repr=False)

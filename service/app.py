@@ -63,7 +63,8 @@ def create_app(settings: Settings | None = None, *, database: Database | None = 
 
         model = model_answer(db)
     lookups = LookupEngine(db, metrics, cache_seconds=settings.lookup_cache_seconds,
-                           nearest_max_distance=settings.nearest_max_distance, model=model)
+                           nearest_max_distance=settings.nearest_max_distance, model=model,
+                           model_budget_seconds=settings.model_budget_seconds)
     state = ServiceState(settings=settings, database=db, lookups=lookups, metrics=metrics)
 
     @asynccontextmanager

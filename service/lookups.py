@@ -210,12 +210,16 @@ class LookupEngine:
 
     def __init__(self, database: Database, metrics: Metrics, *, cache_seconds: float = 5.0,
                  nearest_max_distance: float = 2.0, model: ModelFn = model_answer,
-                 demand: DemandRecorder | None = None) -> None:
+                 model_budget_seconds: float = 2.0, demand: DemandRecorder | None = None) -> None:
         self.database = database
         self.metrics = metrics
         self.cache_seconds = cache_seconds
         self.nearest_max_distance = nearest_max_distance
         self.model = model
+        # A cost-model prediction takes milliseconds per shape: a batch of many untuned shapes
+        # asks the model for as many as this budget allows per request and answers the rest
+        # `default` without caching them, so a later lookup gets the model's answer.
+        self.model_budget_seconds = model_budget_seconds
         self.demand = demand or DemandRecorder(database)
         self._cache: dict[tuple[str, str], tuple[float, Lookup]] = {}
         self._coalescer = _Coalescer(self._exact)
@@ -257,8 +261,9 @@ class LookupEngine:
                           problem_key=pkey, device_key=dkey)
         return None
 
-    def _untuned(self, device: Device, dkey: str, problem: Problem, pkey: str) -> Lookup:
-        got = as_answer(self.model(problem, device))
+    def _untuned(self, device: Device, dkey: str, problem: Problem, pkey: str,
+                  use_model: bool = True) -> Lookup:
+        got = as_answer(self.model(problem, device)) if use_model else None
         if got is not None and applicable(problem, got.strategy.to_dict()) is not None:
             return Lookup(strategy=got.strategy.to_dict(), strategy_key=got.strategy.key, source="model",
                           speedup=got.speedup, confidence=got.confidence, problem_key=pkey,
@@ -286,23 +291,31 @@ class LookupEngine:
             winners = _get_winners(s, dkey, todo)
         return {k: _tuned(w, dkey, k) for k, w in winners.items()}
 
-    def _inexact(self, device: Device, dkey: str, by_key: dict[str, Problem], rest: list[str]
-                 ) -> dict[str, Lookup]:
+    def _inexact(self, device: Device, dkey: str, by_key: dict[str, Problem], rest: list[str],
+                 provisional: set[str]) -> dict[str, Lookup]:
+        """Nearest, else model, else default; the keys answered without asking the model (its
+        time budget spent) are added to `provisional`."""
         out: dict[str, Lookup] = {}
         with self.database.session(read_only=True) as s:
             for k in rest:
                 got = self._nearest(s, device, dkey, by_key[k], k)
                 if got is not None:
                     out[k] = got
+        deadline = time.monotonic() + self.model_budget_seconds
         for k in rest:
             if k not in out:
-                out[k] = self._untuned(device, dkey, by_key[k], k)
+                use_model = time.monotonic() < deadline
+                out[k] = self._untuned(device, dkey, by_key[k], k, use_model)
+                if not use_model:
+                    provisional.add(k)
         return out
 
     def _finish(self, device: Device, dkey: str, keys: list[str], by_key: dict[str, Problem],
-                answers: dict[str, Lookup], todo: list[str], now: float) -> list[Lookup]:
+                answers: dict[str, Lookup], todo: list[str], now: float,
+                provisional: set[str] | None = None) -> list[Lookup]:
         for k in todo:
-            self._keep(answers[k], now)
+            if not provisional or k not in provisional:
+                self._keep(answers[k], now)
         out = [answers[k] for k in keys]
         sources: dict[str, int] = {}
         misses: dict[str, tuple[Problem, int]] = {}
@@ -323,18 +336,20 @@ class LookupEngine:
         """Answers in the order asked. Repeated problems are looked up once; the exact matches
         of the rest in one read transaction (one round trip with ``repository.get_winners``)."""
         now, dkey, keys, by_key, answers, todo = self._start(device, problems)
+        provisional: set[str] = set()
         if todo:
             answers.update(self._exact(dkey, todo))
             rest = [k for k in todo if k not in answers]
             if rest:
-                answers.update(self._inexact(device, dkey, by_key, rest))
-        return self._finish(device, dkey, keys, by_key, answers, todo, now)
+                answers.update(self._inexact(device, dkey, by_key, rest, provisional))
+        return self._finish(device, dkey, keys, by_key, answers, todo, now, provisional)
 
     async def run(self, device: Device, problems: Sequence[Problem]) -> list[Lookup]:
         """:meth:`lookup_many` for the event loop: cached answers in the loop; the exact matches
         of single lookups coalesced (:class:`_Coalescer`), of batches in one call; both, and
         nearest-shape searches, in the thread pool."""
         now, dkey, keys, by_key, answers, todo = self._start(device, problems)
+        provisional: set[str] = set()
         if todo:
             if len(todo) == 1:
                 got = await self._coalescer.get(dkey, todo[0])
@@ -344,5 +359,6 @@ class LookupEngine:
                 answers.update(await run_in_threadpool(self._exact, dkey, todo))
             rest = [k for k in todo if k not in answers]
             if rest:
-                answers.update(await run_in_threadpool(self._inexact, device, dkey, by_key, rest))
-        return self._finish(device, dkey, keys, by_key, answers, todo, now)
+                answers.update(await run_in_threadpool(self._inexact, device, dkey, by_key, rest,
+                                                       provisional))
+        return self._finish(device, dkey, keys, by_key, answers, todo, now, provisional)

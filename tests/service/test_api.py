@@ -592,3 +592,27 @@ def test_lookup_answers_from_a_calibrated_cost_model_by_default(make_client, dat
     assert body["strategy"] == best.to_dict() and body["speedup"] == pytest.approx(speedup)
     other = dataclasses.replace(device, topology="lab-ring-1gbit").to_dict()
     assert c.post("/v1/lookup", json={"device": other, "problem": p}).json()["source"] == "default"
+
+
+def test_a_batch_asks_the_model_only_within_its_time_budget(make_client):
+    """Untuned shapes beyond the per-request model budget are answered `default` and not
+    cached, so the next lookup of them gets the model's answer."""
+    from autotuner import Strategy
+
+    asked = []
+
+    def slow(p, d):
+        asked.append(p.key)
+        time.sleep(0.05)
+        return (Strategy.from_dict(RING), 1.3)
+
+    c = make_client(model=slow, model_budget_seconds=0.12)
+    ps = [problem(1024 * (i + 1), 512, 256) for i in range(8)]
+    body = c.post("/v1/lookup/batch", json={"device": DEVICE, "problems": ps}).json()
+    sources = [r["source"] for r in body["results"]]
+    assert sources[0] == "model" and "default" in sources, sources
+    assert sources == sorted(sources, key=lambda x: x != "model")  # the model answered a prefix
+    first_default = sources.index("default")
+    assert len(asked) == first_default
+    again = lookup(c, ps[first_default]).json()
+    assert again["source"] == "model"
