@@ -19,7 +19,7 @@ err = Console(stderr=True, width=None if sys.stderr.isatty() else 150, emoji=Fal
 
 HELP = """Calibrate the cost model on a target and store its parameters for the target's device.
 
-Runs, through the ordinary harness (the same barrier and max-over-processes timing as `autotuner tune`), a matmul-rate sweep, a point-to-point transfer sweep (all-gather and reduce-scatter rings whose einsums are negligible, 1, 2 and 4 chunks, one and both directions) and two overlap sessions on balanced shapes, then fits the model (`autotuner.costmodel`). Takes a few minutes on the lab. The newest calibration of a device is the one `autotuner.costmodel.load_params` (the tuner's order, the service's `model` answers) reads.
+Runs, through the ordinary harness (the same barrier and max-over-processes timing as `autotuner tune`), a matmul-rate sweep, a point-to-point transfer sweep (all-gather and reduce-scatter rings whose einsums are negligible, 1, 2 and 4 chunks, one and both directions) and four overlap sessions (all-gather and reduce-scatter, balanced and compute-heavy shapes), then fits the model (`autotuner.costmodel`). Takes a few minutes on the lab. The newest calibration of a device is the one `autotuner.costmodel.load_params` (the tuner's order, the service's `model` answers) reads.
 """
 
 

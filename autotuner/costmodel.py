@@ -30,7 +30,8 @@ Calibration (`calibrate(ts)`, `autotuner calibrate --target T`) measures synthet
 that are not the suite's, through the ordinary harness (`measure.run_session`, the same barrier
 and max-over-processes discipline): a matmul sweep (local einsums), a transfer sweep (all-gather
 and reduce-scatter rings whose einsums are negligible, 256 KiB to 4 MiB, 1, 2 and 4 chunks, one
-and both directions: alpha, beta_uni, beta_bidi), and two overlap sessions on balanced shapes
+and both directions: alpha, beta_uni, beta_bidi), and four overlap sessions (all-gather and reduce-scatter,
+balanced and compute-heavy shapes)
 (sized from the sweeps) from which kappa, kappa_x, the overheads and the copy rate are fitted.
 The parameters (`Params`) are stored per device in the database (`save_params` /
 `load_params`).
@@ -712,18 +713,22 @@ def collect(ts: Any, *, reps: int = 5, log: Callable[[str], None] | None = None,
             p = _rs_problem(n, rows, 1, 256)
             ss.append(_session(ts, "x_rs", p, _valid(p, [_ring("uni", 1), _ring("bidi", 1)]), reps, log))
         if overlap:
+            # balanced shapes and compute-heavy ones (einsum 3x the transfer), with shards of
+            # the size real layers have (3 MiB): how much of the transfer hides, and what
+            # chunking costs or gains, differs between the two, so both are in the fit
             base = fit(raw)
-            p = _balanced("ag", n, base)
-            ss.append(_session(ts, "overlap", p, _overlap_strategies(p), reps + 2, log))
-            p = _balanced("rs", n, base)
-            ss.append(_session(ts, "overlap", p, _overlap_strategies(p), reps + 2, log))
+            for ratio in (1.0, 3.0):
+                for kind in ("ag", "rs"):
+                    p = _balanced(kind, n, base, inner=768, ratio=ratio)
+                    ss.append(_session(ts, "overlap", p, _overlap_strategies(p), reps + 2, log))
     return raw
 
 
-def _balanced(kind: str, n: int, params: Params, rows: int = 1024, inner: int = 512) -> Problem:
-    """A shape whose einsum per ring step takes about as long as the step's transfer."""
+def _balanced(kind: str, n: int, params: Params, rows: int = 1024, inner: int = 512,
+              ratio: float = 1.0) -> Problem:
+    """A shape whose einsum per ring step takes about `ratio` times the step's transfer."""
     shard = rows * inner * 4.0
-    want = params.t_x(shard) * (n - 1) / n  # per block
+    want = ratio * params.t_x(shard) * (n - 1) / n  # per block
     lo, hi = 8, 8192
     while hi - lo > 8:
         mid = (lo + hi) // 2

@@ -46,7 +46,7 @@ from autotuner.strategy import Strategy
 from autotuner.suite import suite
 
 CONFIGS = ["shared:2:2gbit", "ring:4:1gbit"]
-out = Console(width=170, emoji=False)
+out = Console(width=240, emoji=False)  # strategy keys unabridged when piped
 
 
 def log(msg: str) -> None:

@@ -29,7 +29,7 @@ from autotuner.strategy import Strategy
 from autotuner.suite import suite
 from autotuner.targets import Target, TargetSession
 
-out = Console(width=170, emoji=False)
+out = Console(width=240, emoji=False)  # strategy keys unabridged when piped
 
 
 def main() -> int:
