@@ -5,7 +5,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from db.models import Demand, Device, Measurement, Problem, Token, TuningJob, Winner
+from db.models import Demand, Device, Measurement, Problem, Token, TuningJob
 from db.records import (
     DemandRecord,
     DeviceRecord,
@@ -81,7 +81,7 @@ def measurement_record(row: Measurement) -> MeasurementRecord:
     )
 
 
-def winner_record(row: Winner, device_key: str, problem_key: str) -> WinnerRecord:
+def winner_record(row: Any, device_key: str, problem_key: str) -> WinnerRecord:
     return WinnerRecord(
         id=row.id,
         device_id=row.device_id,

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 import operator
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Select, and_, delete, func, or_, select
+from sqlalchemy import Select, and_, bindparam, delete, func, or_, select
 from sqlalchemy.orm import Session
 
 from db._common import (
@@ -325,21 +326,36 @@ def get_winner(s: Session, device_key: str, problem_key: str) -> WinnerRecord | 
     return winner_record(*row) if row is not None else None
 
 
+@functools.cache
+def _winners_by_keys() -> tuple[Select[Any], Select[Any]]:
+    # Two steps, each an index search whatever the planner knows: problem ids by key, then
+    # winners by (device id, problem id) on their unique index. As one join, SQLite without
+    # statistics walks every winner of the device instead (milliseconds per row at 100k).
+    ids = select(Problem.id, Problem.key).where(Problem.key.in_(bindparam("keys", expanding=True)))
+    device_id = select(Device.id).where(Device.key == bindparam("device_key")).scalar_subquery()
+    winners = select(*Winner.__table__.c).where(
+        Winner.device_id == device_id, Winner.problem_id.in_(bindparam("ids", expanding=True)))
+    return ids, winners
+
+
 def get_winners(s: Session, device_key: str, problem_keys: Sequence[str]) -> dict[str, WinnerRecord]:
-    """The stored winners of many problems on one device, by problem key: one query per 500 keys."""
+    """The stored winners of many problems on one device, by problem key: two queries per 500
+    keys.
+
+    This is the service's lookup path, so it is kept lean: statements built once, run on the
+    session's connection, plain column rows rather than ORM entities (building mapped objects
+    costs more than the queries)."""
     keys = list(dict.fromkeys(problem_keys))
     out: dict[str, WinnerRecord] = {}
-    if not keys:
-        return out
-    device_id = s.execute(select(Device.id).where(Device.key == device_key)).scalar_one_or_none()
-    if device_id is None:
-        return out
+    conn = s.connection()
+    by_keys, winners = _winners_by_keys()
     for lo in range(0, len(keys), 500):
-        ids = select(Problem.id).where(Problem.key.in_(keys[lo: lo + 500]))
-        rows = s.execute(select(Winner, Problem.key).join(Problem, Winner.problem_id == Problem.id)
-                         .where(Winner.device_id == device_id, Winner.problem_id.in_(ids)))
-        for winner, problem_key in rows:
-            out[problem_key] = winner_record(winner, device_key, problem_key)
+        key_of = {pid: pkey for pid, pkey in conn.execute(by_keys, {"keys": keys[lo: lo + 500]})}
+        if not key_of:
+            continue
+        for row in conn.execute(winners, {"device_key": device_key, "ids": list(key_of)}):
+            pkey = key_of[row.problem_id]
+            out[pkey] = winner_record(row, device_key, pkey)
     return out
 
 
@@ -363,13 +379,17 @@ def nearest_winners(
     b: float,
     limit: int = 5,
     exclude_key: str | None = None,
+    max_distance: float | None = None,
 ) -> list[Neighbor]:
     """The ``limit`` winners on this device of problems closest in log-shape space.
 
     Only problems with the same ``pattern``, ``dtype`` and ``mesh_size`` count (an indexed
     prefilter); the distance is the Euclidean distance over log2 of (m, n, k, b), computed
     in SQL from the stored log features and ordered there (ties: lower problem id).
-    ``exclude_key`` leaves one problem out (e.g. the one being looked up).
+    ``exclude_key`` leaves one problem out (e.g. the one being looked up). ``max_distance``
+    drops neighbours farther than that; it also bounds every log feature to a box around
+    the target, which the (pattern, dtype, mesh_size, lm, ln, lk, lb) index serves, so only
+    the problems in the ball are read (not every problem of a large group).
     """
     check_page(0, limit)
     device_id = s.execute(select(Device.id).where(Device.key == device_key)).scalar_one_or_none()
@@ -400,6 +420,28 @@ def nearest_winners(
     )
     if exclude_key is not None:
         stmt = stmt.where(Problem.key != exclude_key)
+    if max_distance is not None:
+        # the problems in the ball, closest first, from the index alone (it holds every column
+        # this reads), a page at a time until limit + 1 of them have a winner on this device
+        # (+ 1: exclude_key may be one); only those rows are fetched in full
+        r = finite(max_distance, "max_distance", minimum=0.0)
+        in_ball = (
+            select(Problem.id)
+            .where(Problem.pattern == pattern, Problem.dtype == dtype, Problem.mesh_size == mesh_size,
+                   *(getattr(Problem, col).between(value - r, value + r) for col, value in target.items()),
+                   d2 <= r * r)
+            .order_by(d2, Problem.id)
+        )
+        top: list[int] = []
+        page = 64
+        for lo in itertools.count(0, page):
+            chunk = list(s.execute(in_ball.limit(page).offset(lo)).scalars())
+            tuned = set(s.execute(select(Winner.problem_id).where(
+                Winner.device_id == device_id, Winner.problem_id.in_(chunk))).scalars()) if chunk else set()
+            top += [pid for pid in chunk if pid in tuned]
+            if len(top) > limit or len(chunk) < page:
+                break
+        stmt = stmt.where(Problem.id.in_(top[: limit + 1]))
     out = []
     for winner, problem, dist2 in s.execute(stmt):
         out.append(

@@ -140,7 +140,9 @@ class Problem(Base):
     """
 
     __tablename__ = "problems"
-    __table_args__ = (Index(None, "pattern", "dtype", "mesh_size"),)
+    # nearest-shape queries (repository.nearest_winners): the group, a range on lm, and the
+    # other log features so the distance is computed from the index alone
+    __table_args__ = (Index("ix_problems_nearest", "pattern", "dtype", "mesh_size", "lm", "ln", "lk", "lb"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     key: Mapped[str] = mapped_column(String(KEY_LEN), unique=True)

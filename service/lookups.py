@@ -246,7 +246,8 @@ class LookupEngine:
         f = problem.features()
         neighbors = repo.nearest_winners(
             s, dkey, pattern=problem.pattern.label, dtype=problem.dtype, mesh_size=problem.axis_size,
-            m=f["m"], n=f["n"], k=f["k"], b=f["b"], limit=NEIGHBORS, exclude_key=pkey)
+            m=f["m"], n=f["n"], k=f["k"], b=f["b"], limit=NEIGHBORS, exclude_key=pkey,
+            max_distance=self.nearest_max_distance)
         for nb in neighbors:
             if nb.distance > self.nearest_max_distance:
                 break

@@ -463,6 +463,14 @@ class TestRepositoryContract:
             # a problem's extent k changes the distance too
             far_k = repo.nearest_winners(s, "dev-a", m=2048, **{**query, "k": 4096 * 16})
             assert far_k[0].problem.key == "p2048" and far_k[0].distance == pytest.approx(4.0)
+            # max_distance: a ball, not only the box it prefilters with
+            within = repo.nearest_winners(s, "dev-a", m=1800, max_distance=2.0, **query)
+            assert [nb.problem.key for nb in within] == ["p2048", "p1024", "p512"]
+            assert repo.nearest_winners(s, "dev-a", m=2048, max_distance=3.9,
+                                        **{**query, "k": 4096 * 16}) == []
+            box_corner = repo.nearest_winners(s, "dev-a", m=1800 * 2 ** 1.5, max_distance=2.0,
+                                              **{**query, "k": 4096 * 2 ** 1.5})
+            assert all(nb.distance <= 2.0 for nb in box_corner)
 
     def test_list_problems_pages_sorts_and_filters(self, database: Database) -> None:
         with database.session() as s:
