@@ -320,10 +320,7 @@ def _winner_select() -> Select[tuple[Winner, str, str]]:
 
 def get_winner(s: Session, device_key: str, problem_key: str) -> WinnerRecord | None:
     """The stored winner of a problem on a device, by their keys."""
-    row = s.execute(
-        _winner_select().where(Device.key == device_key, Problem.key == problem_key)
-    ).one_or_none()
-    return winner_record(*row) if row is not None else None
+    return get_winners(s, device_key, [problem_key]).get(problem_key)
 
 
 @functools.cache

@@ -72,18 +72,6 @@ def applicable(problem: Problem, strategy: dict[str, Any]) -> Strategy | None:
     return s
 
 
-def _get_winners(s: Any, dkey: str, keys: Sequence[str]) -> dict[str, WinnerRecord]:
-    bulk = getattr(repo, "get_winners", None)
-    if bulk is not None:  # one round trip per chunk of keys
-        return dict(bulk(s, dkey, keys))
-    out = {}
-    for k in keys:
-        w = repo.get_winner(s, dkey, k)
-        if w is not None:
-            out[k] = w
-    return out
-
-
 class DemandRecorder:
     """Buffers lookup misses and writes them with ``repository.record_miss``."""
 
@@ -248,9 +236,7 @@ class LookupEngine:
             s, dkey, pattern=problem.pattern.label, dtype=problem.dtype, mesh_size=problem.axis_size,
             m=f["m"], n=f["n"], k=f["k"], b=f["b"], limit=NEIGHBORS, exclude_key=pkey,
             max_distance=self.nearest_max_distance)
-        for nb in neighbors:
-            if nb.distance > self.nearest_max_distance:
-                break
+        for nb in neighbors:  # within nearest_max_distance, closest first
             strategy = applicable(problem, nb.winner.strategy)
             if strategy is None:
                 continue
@@ -289,7 +275,7 @@ class LookupEngine:
 
     def _exact(self, dkey: str, todo: list[str]) -> dict[str, Lookup]:
         with self.database.session(read_only=True) as s:
-            winners = _get_winners(s, dkey, todo)
+            winners = repo.get_winners(s, dkey, todo)
         return {k: _tuned(w, dkey, k) for k, w in winners.items()}
 
     def _inexact(self, device: Device, dkey: str, by_key: dict[str, Problem], rest: list[str],
@@ -313,9 +299,9 @@ class LookupEngine:
 
     def _finish(self, device: Device, dkey: str, keys: list[str], by_key: dict[str, Problem],
                 answers: dict[str, Lookup], todo: list[str], now: float,
-                provisional: set[str] | None = None) -> list[Lookup]:
+                provisional: set[str]) -> list[Lookup]:
         for k in todo:
-            if not provisional or k not in provisional:
+            if k not in provisional:
                 self._keep(answers[k], now)
         out = [answers[k] for k in keys]
         sources: dict[str, int] = {}
