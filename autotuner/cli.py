@@ -28,7 +28,7 @@ def fail(message: str, code: int = 2) -> None:
 
 
 def _db_url(db: str | None) -> str:
-    from db import get_settings, normalize_db_url
+    from autotuner.settings import get_settings, normalize_db_url
 
     return normalize_db_url(db) if db else get_settings().db_url
 
@@ -45,7 +45,7 @@ def open_database(url: str, *, create: bool = True) -> Any:
         if not (create and database.dialect == "sqlite" and current_revision(database.engine) is None
                 and not _has_tables(database)):
             raise
-        from db.settings import redact_db_url
+        from autotuner.settings import redact_db_url
 
         err.print(f"creating the results database {redact_db_url(url)} (alembic upgrade head)")
         database.upgrade()
@@ -364,7 +364,7 @@ def up(
         return
     import uvicorn
 
-    from db import get_settings
+    from autotuner.settings import get_settings
 
     os.environ["AUTOTUNER_DB_URL"] = url
     get_settings.cache_clear()
@@ -418,8 +418,8 @@ def db_upgrade(
     revision: Annotated[str, typer.Option(help="target revision")] = "head",
 ) -> None:
     """Create or migrate the schema (alembic upgrade)."""
+    from autotuner.settings import redact_db_url
     from db import Database
-    from db.settings import redact_db_url
 
     url = _db_url(db)
     Database(url).upgrade(revision)

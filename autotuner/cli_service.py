@@ -84,7 +84,7 @@ def register(app: typer.Typer) -> None:
         """Run the REST service (uvicorn on service.app:app)."""
         import uvicorn
 
-        from db import get_settings, normalize_db_url
+        from autotuner.settings import get_settings, normalize_db_url
 
         from .cli import open_database
 
@@ -110,7 +110,7 @@ def register(app: typer.Typer) -> None:
         timeout: Annotated[float, typer.Option(min=0.1, help="seconds per request")] = 5.0,
     ) -> None:
         """Ask which strategy to use; one JSON object per problem on stdout."""
-        from db.settings import get_settings
+        from autotuner.settings import get_settings
 
         from .client import Client
 
@@ -141,7 +141,7 @@ def register(app: typer.Typer) -> None:
         token: Annotated[str | None, typer.Option(help="bearer token, if the service closes reads")] = None,
     ) -> None:
         """Export the service's winners to a file for `Client(offline=FILE)`."""
-        from db.settings import get_settings
+        from autotuner.settings import get_settings
 
         from .client import Client, ClientError
 

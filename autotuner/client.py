@@ -40,6 +40,7 @@ from typing import Any
 import httpx
 
 from .device import Device
+from .errors import AutotunerError
 from .problem import Problem
 from .strategy import Strategy, StrategyError
 
@@ -52,7 +53,7 @@ BATCH = 500  # problems per POST /v1/lookup/batch (the service accepts up to AUT
 SNAPSHOT_FORMAT = "autotuner-snapshot"
 
 
-class ClientError(RuntimeError):
+class ClientError(AutotunerError, RuntimeError):
     """A failed request to the service, or an unusable snapshot file."""
 
 
@@ -436,7 +437,7 @@ def default_client() -> Client | None:
     global _default
     with _default_lock:
         if _default is None:
-            from db.settings import get_settings
+            from autotuner.settings import get_settings
 
             settings = get_settings()
             if not settings.service_url:

@@ -25,6 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .errors import AutotunerError
 from .problem import Problem
 from .strategy import Strategy, StrategyError
 
@@ -37,7 +38,7 @@ _KV_PREFIX = "autotuner/collective_einsum/v1/"
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
 
-class DecisionError(RuntimeError):
+class DecisionError(AutotunerError, RuntimeError):
     """The processes of a job could not agree on a strategy."""
 
 

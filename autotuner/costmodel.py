@@ -51,6 +51,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from .device import Device
+from .errors import AutotunerError
 from .problem import DTYPE_BYTES, Problem
 from .strategy import Strategy
 
@@ -60,7 +61,7 @@ __all__ = ["CostModelError", "Geometry", "Params", "calibrate", "collect", "fit"
            "model_answer", "order_for", "predict", "predict_all", "ranker", "save_params", "simulate"]
 
 
-class CostModelError(ValueError):
+class CostModelError(AutotunerError, ValueError):
     pass
 
 

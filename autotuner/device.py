@@ -7,8 +7,10 @@ import json
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from .errors import AutotunerError
 
-class DeviceError(ValueError):
+
+class DeviceError(AutotunerError, ValueError):
     def __init__(self, field: str, message: str):
         self.field = field
         super().__init__(f"device.{field}: {message}")

@@ -41,6 +41,7 @@ from typing import Any
 
 import numpy as np
 
+from .errors import AutotunerError
 from .problem import Entry, Problem, ProblemError
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,7 @@ DTYPES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
 PASS_THROUGH = frozenset({"copy", "convert", "bitcast", "reshape", "transpose"})
 
 
-class ExtractError(RuntimeError):
+class ExtractError(AutotunerError, RuntimeError):
     """The program could not be compiled or its partitioned HLO could not be obtained."""
 
 

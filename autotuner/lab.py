@@ -38,6 +38,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from .errors import AutotunerError
+
 if TYPE_CHECKING:
     from jax.sharding import Mesh
 
@@ -64,7 +66,7 @@ _LOG_TAIL = 15
 PIN_DEFAULT = False
 
 
-class LabError(RuntimeError):
+class LabError(AutotunerError, RuntimeError):
     """The lab cannot be set up here (not root, no `ip`, no netns or tbf support, bad spec)."""
 
 

@@ -16,6 +16,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from .errors import AutotunerError
+
 DTYPES = ("float32", "bfloat16", "float16")
 _DTYPE_ALIASES = {
     "f32": "float32", "fp32": "float32", "float32": "float32",
@@ -28,7 +30,7 @@ MAX_RANK = 12
 Entry = tuple[str, ...]  # the mesh axes one dimension is sharded over (major to minor); () = unsharded
 
 
-class ProblemError(ValueError):
+class ProblemError(AutotunerError, ValueError):
     """An invalid or unsupported Problem. `field` names the offending part (e.g. `lhs.spec[1]`)."""
 
     def __init__(self, field: str, message: str):

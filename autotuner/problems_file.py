@@ -6,10 +6,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from .errors import AutotunerError
 from .problem import Problem, ProblemError
 
 
-class ProblemsFileError(ValueError):
+class ProblemsFileError(AutotunerError, ValueError):
     """A problems file that cannot be used; the message names the file, the line or item, the field."""
 
 

@@ -189,7 +189,7 @@ def tune_problem(ts: Any, database: Any, problem: Problem, *, trials: int = 24, 
     """
     import optuna
 
-    from db import get_settings
+    from autotuner.settings import get_settings
     from db import repository as repo
 
     from . import store

@@ -27,6 +27,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from .errors import AutotunerError
+
 METHODS = ("baseline", "ring", "xla_windowed")
 DIRECTIONS = ("uni", "bidi")
 CHUNKS = (1, 2, 4)
@@ -35,7 +37,7 @@ FUSES = ("loop", "after")
 RING_KNOBS = ("direction", "chunks", "unroll", "fuse", "send_first")
 
 
-class StrategyError(ValueError):
+class StrategyError(AutotunerError, ValueError):
     """An invalid Strategy; `field` names the offending knob."""
 
     def __init__(self, field: str, message: str):

@@ -10,10 +10,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from .device import Device
+from .errors import AutotunerError
 from .problem import Problem
 
 
-class TargetError(ValueError):
+class TargetError(AutotunerError, ValueError):
     pass
 
 

@@ -19,12 +19,13 @@ from typing import Any
 import httpx
 
 from .device import Device
+from .errors import AutotunerError
 from .problem import Problem
 
 log = logging.getLogger(__name__)
 
 
-class ServiceError(RuntimeError):
+class ServiceError(AutotunerError, RuntimeError):
     pass
 
 
@@ -40,7 +41,7 @@ def _check(r: httpx.Response, what: str) -> Any:
 
 def scratch_db_url(service: str) -> str:
     """A local SQLite file per service URL for studies and measurements before upload."""
-    from db import get_settings
+    from autotuner.settings import get_settings
 
     root = get_settings().cache_dir
     root.mkdir(parents=True, exist_ok=True)

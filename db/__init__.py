@@ -1,10 +1,11 @@
 """Results database of the overlap autotuner: models, sessions, repository, migrations.
 
-Imports nothing else of this project. Typical use::
+Of this project it imports only the light core of ``autotuner`` (``autotuner.settings``, the
+one settings object, and ``autotuner.errors``, the exception base). Typical use::
 
     from db import Database, repository as repo
 
-    database = Database(get_settings().db_url)
+    database = Database(autotuner.settings.get_settings().db_url)
     database.check_schema()                    # SchemaError: run `autotuner db upgrade`
     with database.session() as s:
         device = repo.upsert_device(s, key=..., platform=..., ...)
@@ -43,7 +44,6 @@ from db.session import (
     session_scope,
     upgrade,
 )
-from db.settings import Settings, get_settings, normalize_db_url
 
 __all__ = [
     "CalibrationRecord",
@@ -61,7 +61,6 @@ __all__ = [
     "ProblemRecord",
     "ProblemRow",
     "SchemaError",
-    "Settings",
     "StorageError",
     "TokenRecord",
     "WinnerChoice",
@@ -71,11 +70,9 @@ __all__ = [
     "current_revision",
     "downgrade",
     "ensure_optuna_schema",
-    "get_settings",
     "head_revision",
     "make_engine",
     "make_session_factory",
-    "normalize_db_url",
     "optuna_storage_url",
     "repository",
     "session_scope",

@@ -7,6 +7,8 @@ repository raises them directly. The service maps them to HTTP status codes in o
 
 from __future__ import annotations
 
+from autotuner.errors import AutotunerError
+
 __all__ = [
     "DuplicateError",
     "LeaseError",
@@ -16,7 +18,7 @@ __all__ = [
 ]
 
 
-class StorageError(Exception):
+class StorageError(AutotunerError):
     """A database operation failed (connection lost, locked, bad statement, ...)."""
 
 

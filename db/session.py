@@ -35,8 +35,8 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
 
+from autotuner.settings import normalize_db_url, redact_db_url
 from db.errors import DuplicateError, SchemaError, StorageError
-from db.settings import normalize_db_url, redact_db_url
 
 __all__ = [
     "MIGRATIONS_DIR",
@@ -70,7 +70,7 @@ def _is_memory_sqlite(url: URL) -> bool:
 
 
 def make_engine(url: str | os.PathLike[str] | URL, **kwargs: Any) -> Engine:
-    """An engine for ``url`` (normalised as in :func:`db.settings.normalize_db_url`).
+    """An engine for ``url`` (normalised as in :func:`autotuner.settings.normalize_db_url`).
 
     SQLite: on every new connection ``journal_mode=WAL``, ``busy_timeout=30000`` and
     ``foreign_keys=ON``; transactions begin with ``BEGIN IMMEDIATE`` (see module docs).

@@ -1,7 +1,7 @@
 """The FastAPI app: ``create_app(settings)``, and ``app`` for ``uvicorn service.app:app``.
 
 ``app`` is built on first access from the environment (``AUTOTUNER_*``, see
-``db.settings.Settings``), so importing this module has no side effects. On startup the app
+``autotuner.settings.Settings``), so importing this module has no side effects. On startup the app
 checks that the database is at the expected schema revision (``autotuner db upgrade`` fixes
 it), warms up what lookups import, and starts the demand writer; on shutdown it writes the
 remaining misses and closes the engine.
@@ -17,7 +17,8 @@ from typing import Any
 from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
-from db import Database, Settings, get_settings
+from autotuner.settings import Settings, get_settings
+from db import Database
 from service import errors
 from service.deps import ServiceState
 from service.limits import BodyLimitMiddleware

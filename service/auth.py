@@ -16,7 +16,8 @@ from typing import Literal
 from fastapi import HTTPException
 from starlette.concurrency import run_in_threadpool
 
-from db import Database, Settings
+from autotuner.settings import Settings
+from db import Database
 from db import repository as repo
 
 Scope = Literal["read", "write"]

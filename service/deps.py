@@ -17,7 +17,8 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
-from db import Database, Settings
+from autotuner.settings import Settings
+from db import Database
 from service import auth
 from service.lookups import LookupEngine
 from service.metrics import Metrics

@@ -18,7 +18,8 @@ from sqlalchemy import Engine, create_engine, text  # noqa: E402
 from sqlalchemy.engine import make_url  # noqa: E402
 from sqlalchemy.pool import NullPool  # noqa: E402
 
-from db import normalize_db_url, upgrade  # noqa: E402
+from autotuner.settings import normalize_db_url  # noqa: E402
+from db import upgrade  # noqa: E402
 
 PG_URL_ENV = "AUTOTUNER_TEST_PG_URL"
 REQUIRE_PG_ENV = "AUTOTUNER_REQUIRE_POSTGRES"

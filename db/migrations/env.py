@@ -3,7 +3,7 @@
 Run programmatically by :func:`db.session.upgrade` / :func:`db.session.downgrade`, which pass
 an open connection in ``config.attributes["connection"]`` (inside a transaction they commit).
 When run from the alembic command line it connects to ``-x url=...``, else to
-``config.attributes["url"]``, else to ``AUTOTUNER_DB_URL`` (:class:`db.settings.Settings`).
+``config.attributes["url"]``, else to ``AUTOTUNER_DB_URL`` (:class:`autotuner.settings.Settings`).
 
 SQLite gets ``render_as_batch=True`` (ALTER TABLE by copy-and-move). On PostgreSQL an
 advisory transaction lock serialises concurrent upgrades (e.g. several replicas starting).
@@ -17,9 +17,9 @@ from alembic import context
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
+from autotuner.settings import get_settings
 from db.models import Base
 from db.session import make_engine
-from db.settings import get_settings
 
 config = context.config
 target_metadata = Base.metadata

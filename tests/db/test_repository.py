@@ -17,17 +17,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sqlalchemy import JSON, Double, Integer, func, insert, literal, select
 
+from autotuner.settings import Settings, normalize_db_url
 from db import (
     Database,
     DuplicateError,
     LeaseError,
     MeasurementRecord,
     NotFoundError,
-    Settings,
     StorageError,
     WinnerChoice,
     choose_winner,
-    normalize_db_url,
     session_scope,
 )
 from db import repository as repo
@@ -884,7 +883,7 @@ class TestSettings:
         assert Settings(write_tokens="p,q").write_tokens == ["p", "q"]
 
     def test_get_settings_is_cached(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        from db import get_settings
+        from autotuner.settings import get_settings
 
         get_settings.cache_clear()
         monkeypatch.setenv("AUTOTUNER_MAX_BATCH", "7")

@@ -3,7 +3,7 @@
 No Docker engine or cluster is needed: the Dockerfile, the compose file and the Kubernetes
 manifests are parsed, and what they say is checked against the code itself:
 
-- every ``AUTOTUNER_*`` name is a field of ``db.settings.Settings`` (read from the class), or a
+- every ``AUTOTUNER_*`` name is a field of ``autotuner.settings.Settings`` (read from the class), or a
   documented compose-only variable; the values they set validate as Settings;
 - every ``autotuner ...`` command line (compose, Kubernetes, the image's ENTRYPOINT/CMD and
   entrypoint script, RUN lines, the README) parses with the real click command tree of the
@@ -67,8 +67,8 @@ CLUSTER_KINDS = {"Namespace", "ClusterRole", "ClusterRoleBinding", "PersistentVo
 
 @functools.cache
 def settings_fields() -> dict[str, str]:
-    """Environment variable name -> field name, from ``db.settings.Settings`` itself."""
-    from db.settings import Settings
+    """Environment variable name -> field name, from ``autotuner.settings.Settings`` itself."""
+    from autotuner.settings import Settings
 
     prefix = Settings.model_config.get("env_prefix", "")
     out = {}
@@ -82,7 +82,7 @@ def settings_fields() -> dict[str, str]:
 def secret_settings() -> frozenset[str]:
     """Settings that hold secrets: those kept out of repr (tokens), and the database URL
     (it holds the password)."""
-    from db.settings import Settings
+    from autotuner.settings import Settings
 
     return frozenset(env for env, name in settings_fields().items()
                      if Settings.model_fields[name].repr is False) | {"AUTOTUNER_DB_URL"}
@@ -90,7 +90,7 @@ def secret_settings() -> frozenset[str]:
 
 def parse_settings(env: dict[str, str]) -> Any:
     """Settings from ``env``'s AUTOTUNER_* values alone (not the process's environment)."""
-    from db.settings import Settings
+    from autotuner.settings import Settings
 
     fields = settings_fields()
     return Settings(_env_file=None, **{fields[k]: v for k, v in env.items() if k in fields})
@@ -594,7 +594,7 @@ def check_env_names(d: Deploy) -> list[str]:
             if name in fields or name in envvars:
                 continue
             if name not in DEPLOY_ONLY_VARS:
-                errors.append(f"{path}: {name} is not a setting (db.settings.Settings has "
+                errors.append(f"{path}: {name} is not a setting (autotuner.settings.Settings has "
                               f"{', '.join(sorted(fields))}) nor an option's environment variable")
             elif path not in (COMPOSE, README):
                 errors.append(f"{path}: {name} is not read by the code ({DEPLOY_ONLY_VARS[name]})")

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 from starlette.exceptions import StarletteDeprecationWarning
 
-from db import Database, Settings
+from autotuner.settings import Settings
+from db import Database
 from service import create_app
 from service.testing import DEVICE, WRITE_HEADERS, WRITE_TOKEN, measurements
 

@@ -64,7 +64,8 @@ def test_healthz_openapi_and_metrics(client):
 
 
 def test_healthz_reports_an_unmigrated_database(testclient_cls, tmp_path):
-    from db import SchemaError, Settings
+    from autotuner.settings import Settings
+    from db import SchemaError
     from service import create_app
 
     settings = Settings(db_url=f"sqlite:///{tmp_path / 'empty.db'}")
@@ -512,7 +513,7 @@ def test_snapshot_and_devices(client, post_results):
 
 def test_concurrent_single_lookups_are_coalesced(db_url, database):
     from autotuner import store
-    from db import Settings
+    from autotuner.settings import Settings
     from service import create_app
 
     tuned = [problem(1024 + 64 * i) for i in range(12)]

@@ -18,8 +18,9 @@ import pytest
 from starlette.exceptions import StarletteDeprecationWarning
 
 from autotuner import Device, Problem, Strategy
+from autotuner.settings import Settings
 from autotuner.store import device_values, problem_values
-from db import Database, Settings
+from db import Database
 from db import repository as repo
 from service import create_app, dashboard
 from service.dashboard import views

@@ -18,7 +18,7 @@ from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import response_schema_conformance
 
-from db import Settings
+from autotuner.settings import Settings
 from service import create_app
 from service.testing import DEVICE, WRITE_HEADERS, WRITE_TOKEN, measurements, problem
 

@@ -1,7 +1,8 @@
 """The one settings object of the project, read from ``AUTOTUNER_*`` environment variables.
 
-``Settings`` lives here, at the bottom of the dependency graph (``service -> db``), so the
-service, the tuner and the CLI all read the same fields the same way. Fields:
+``Settings`` lives in the light core of ``autotuner`` (pydantic-settings only: no JAX, no
+SQLAlchemy), so the service, the database layer, the tuner, the CLI and a training job's client
+all read the same fields the same way. Fields:
 
 - ``AUTOTUNER_DB_URL``: SQLAlchemy URL or a bare file path; default ``autotuner.db`` in the
   current directory. ``postgres://`` and ``postgresql://`` are normalised to
@@ -23,7 +24,6 @@ from typing import Annotated, Any
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
-from sqlalchemy.engine import make_url
 
 __all__ = ["DEFAULT_DB_FILE", "Settings", "get_settings", "normalize_db_url", "redact_db_url"]
 
@@ -59,10 +59,15 @@ def normalize_db_url(url: str | os.PathLike[str]) -> str:
 
 def redact_db_url(url: str) -> str:
     """``url`` with its password (if any) replaced by ``***``, for messages and logs."""
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # not parseable: show only the scheme
-        return url.split("://", 1)[0] + "://..." if "://" in url else url
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        return url
+    netloc, slash, tail = rest.partition("/")
+    userinfo, at, host = netloc.rpartition("@")
+    if not at or ":" not in userinfo:
+        return url
+    user = userinfo.split(":", 1)[0]
+    return f"{scheme}://{user}:***@{host}{slash}{tail}"
 
 
 def _split_tokens(value: Any) -> Any:
