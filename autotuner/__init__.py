@@ -1,31 +1,47 @@
 """overlap-autotuner: per-shape choice of how to overlap a collective with its einsum.
 
-Pure data (Problem, Strategy, Device) imports without JAX; `build` and `space` import it lazily.
+Pure data (Problem, Strategy, Device) and the errors import without JAX; the functions and the
+errors of the heavier rooms (`build`, `space`, `extract`, `collective_einsum`, ...) are imported
+on first use, so `import autotuner` stays light.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
-from .device import Device, DeviceError
-from .problem import Pattern, Problem, ProblemError, problem_key
-from .strategy import Strategy, StrategyError
+from autotuner.device import Device, DeviceError
+from autotuner.errors import AutotunerError
+from autotuner.problem import Pattern, Problem, ProblemError, problem_key
+from autotuner.strategy import Strategy, StrategyError
 
-__all__ = ["Device", "DeviceError", "Pattern", "Problem", "ProblemError", "Strategy",
-           "StrategyError", "build", "collective_einsum", "extract", "problem_key", "space"]
+# public name -> the module that defines it, imported on first access
+_LAZY = {
+    "build": "autotuner.strategies",
+    "space": "autotuner.strategies.space",
+    "extract": "autotuner.hlo",
+    "extract_report": "autotuner.hlo",
+    "ExtractError": "autotuner.hlo",
+    "collective_einsum": "autotuner.runtime.collective",
+    "DecisionError": "autotuner.runtime.collective",
+    "Client": "autotuner.runtime.client",
+    "ClientError": "autotuner.runtime.client",
+    "ProblemsFileError": "autotuner.problem.files",
+    "load_problems": "autotuner.problem.files",
+    "TargetError": "autotuner.measure.targets",
+    "LabError": "autotuner.lab.spec",
+    "LabWorkerError": "autotuner.lab.spec",
+    "CostModelError": "autotuner.costmodel.params",
+    "ServiceError": "autotuner.tune.worker",
+}
+
+__all__ = ["AutotunerError", "Device", "DeviceError", "Pattern", "Problem", "ProblemError", "Strategy",
+           "StrategyError", "problem_key", *sorted(_LAZY)]
 
 
 def __getattr__(name: str) -> Any:
-    # Importing the submodule binds it as a package attribute; bind the function over it.
-    if name == "build":
-        from .strategies import build as fn
-    elif name == "space":
-        from .space import space as fn
-    elif name == "extract":
-        from .extract import extract as fn
-    elif name == "collective_einsum":
-        from .collective import collective_einsum as fn
-    else:
+    if name not in _LAZY:
         raise AttributeError(f"module 'autotuner' has no attribute {name!r}")
-    globals()[name] = fn
-    return fn
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value  # bind it over any submodule of the same name
+    return value

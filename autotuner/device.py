@@ -7,7 +7,7 @@ import json
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from .errors import AutotunerError
+from autotuner.errors import AutotunerError
 
 
 class DeviceError(AutotunerError, ValueError):

@@ -120,7 +120,7 @@ class Settings(BaseSettings):
     nearest_max_distance: float = Field(default=2.0, ge=0)
     # per request: how long the cost model may predict for untuned shapes (the rest: default)
     model_budget_seconds: float = Field(default=2.0, ge=0)
-    # client (autotuner.client.default_client): the service a training job asks
+    # client (autotuner.runtime.client.default_client): the service a training job asks
     service_url: str | None = None
     service_token: str | None = Field(default=None, repr=False)
     cache_dir: Path = Field(

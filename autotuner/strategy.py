@@ -27,7 +27,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from .errors import AutotunerError
+from autotuner.errors import AutotunerError
 
 METHODS = ("baseline", "ring", "xla_windowed")
 DIRECTIONS = ("uni", "bidi")

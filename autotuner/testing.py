@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from .problem import Problem
+from autotuner.problem import Problem
 
 # max |result - reference| / max |reference| allowed per dtype
 TOLERANCE = {"float32": 2e-5, "bfloat16": 3e-2, "float16": 5e-3}

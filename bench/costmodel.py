@@ -41,9 +41,9 @@ from rich.table import Table
 
 from autotuner import costmodel as cm
 from autotuner.problem import Problem
-from autotuner.space import space
+from autotuner.problem.suite import suite
+from autotuner.strategies.space import space
 from autotuner.strategy import Strategy
-from autotuner.suite import suite
 
 CONFIGS = ["shared:2:2gbit", "ring:4:1gbit"]
 out = Console(width=240, emoji=False)  # strategy keys unabridged when piped
@@ -69,7 +69,7 @@ def measure_config(cfg: str, shapes: set[str] | None, reps: int, tune: bool, tri
                    seeds: list[int], tol: float, sink: Any, scale: float = 1.0, cal_reps: int = 7,
                    tune_shapes: set[str] | None = None, tune_reps: int = 7) -> dict[str, Any]:
     from autotuner.measure import run_session
-    from autotuner.targets import Target, TargetSession
+    from autotuner.measure.targets import Target, TargetSession
 
     rec: dict[str, Any] = {"config": cfg, "shapes": [], "tune": []}
     text = cfg if cfg.split(":")[0] in ("inproc", "local", "lab") else f"lab:{cfg}"
@@ -105,7 +105,7 @@ def tune_shape(ts: Any, cfg: str, name: str, p: Problem, ex: Any, params: cm.Par
     import optuna
 
     from autotuner.measure import run_session
-    from autotuner.search import study_name, tune_problem
+    from autotuner.tune.search import study_name, tune_problem
     from db import Database, optuna_storage_url
 
     cands = [s for s in space(p, ts.device) if not s.is_baseline]
@@ -191,10 +191,10 @@ def replay(recs: list[dict[str, Any]], seeds: int, tol: float, trials: int | Non
     import optuna
 
     from autotuner.device import Device
-    from autotuner.search import study_name, tune_problem
+    from autotuner.tune.search import study_name, tune_problem
     from db import Database, ensure_optuna_schema, optuna_storage_url
 
-    logging.getLogger("autotuner.search").setLevel(logging.WARNING)
+    logging.getLogger("autotuner.tune.search").setLevel(logging.WARNING)
     tmp = Path(tempfile.mkdtemp(prefix="cm-replay-"))
     template = tmp / "template.db"
     Database(f"sqlite:///{template}").upgrade()

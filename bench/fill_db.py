@@ -10,10 +10,10 @@ winner is chosen by the project's rule (`db.choose_winner`) from exactly those m
 
 Default: bulk inserts (a transaction per 5000 problems, multi-row INSERTs with explicit ids, so
 run it while nothing else writes to the database) that keep
-the repository's invariants: problem rows from `autotuner.store.problem_values` with the log
+the repository's invariants: problem rows from `autotuner.tune.store.problem_values` with the log
 features `repository.log_feature` gives, measurements as `record_measurements` would store them,
 winners from `choose_winner`. `--via-repository` stores every problem with
-`autotuner.store.save` instead (the same data, about 30 times slower); the tests check both
+`autotuner.tune.store.save` instead (the same data, about 30 times slower); the tests check both
 give the same winners.
 """
 
@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from autotuner import Device, Problem, Strategy
-from autotuner.store import device_values, problem_values
+from autotuner.tune.store import device_values, problem_values
 
 CHUNK = 5000
 DTYPES = ("float32", "bfloat16")
@@ -112,7 +112,7 @@ def measurement_items(p: Problem, rng: np.random.Generator) -> list[dict[str, An
 
 
 def _fill_repository(database: Any, device: Device, todo: list[Problem], seed: int) -> None:
-    from autotuner import store
+    from autotuner.tune import store
 
     rng = np.random.default_rng(seed + 1)
     for p in todo:
@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("-n", type=int, default=100_000, help="tuned problems to store (default 100000)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--via-repository", action="store_true",
-                    help="store through autotuner.store.save (slow; the reference path)")
+                    help="store through autotuner.tune.store.save (slow; the reference path)")
     args = ap.parse_args(argv)
 
     from db import Database

@@ -15,7 +15,7 @@ start ``uvicorn service.app:app`` on 127.0.0.1 (``--workers``, access log off), 
 - batch lookups of ``--batch`` (500) tuned problems, one at a time, each batch new (disjoint
   batches over all the tuned problems, so none is answered from the answer cache);
 - single lookups of problems that were never tuned (nearest-shape search + demand), flat out;
-- the client's in-process cache hit (`autotuner.client.Client.lookup`), in this process.
+- the client's in-process cache hit (`autotuner.runtime.client.Client.lookup`), in this process.
 
 The load generator runs in this process (one core's worth at most) on the same 2-core machine
 as the server: it competes with the server for CPU. ``--client httpx`` (default) uses
@@ -310,8 +310,8 @@ def run_db(url: str, args: argparse.Namespace) -> list[dict[str, Any]]:
 
 
 def client_hit(port: int, device: Any, problem: Any) -> dict[str, Any]:
-    """The in-process cache hit of autotuner.client.Client.lookup (median of 5 x 100k calls)."""
-    from autotuner.client import Client
+    """The in-process cache hit of autotuner.runtime.client.Client.lookup (median of 5 x 100k calls)."""
+    from autotuner.runtime.client import Client
 
     with Client(f"http://{HOST}:{port}", timeout=5.0) as client:
         t = time.perf_counter()

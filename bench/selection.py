@@ -4,7 +4,7 @@
     python bench/selection.py --target lab:shared:2:2gbit --shapes mlp_up_balanced,attn_out
 
 Per shape of the suite: (1) exhaustive: every strategy of the space in one session, timed;
-(2) tuned: `autotuner.search.tune_problem` with a trial budget into a fresh database shared by
+(2) tuned: `autotuner.tune.search.tune_problem` with a trial budget into a fresh database shared by
 the shapes (so later shapes warm-start from earlier winners), timed; (3) a final interleaved
 session of the baseline, the exhaustive optimum and the tuned winner with more repetitions, which
 gives both speedups side by side (the exhaustive pick's own session flatters it: the maximum of
@@ -23,11 +23,11 @@ from rich.console import Console
 from rich.table import Table
 
 from autotuner.measure import run_session
-from autotuner.search import tune_problem
-from autotuner.space import space
+from autotuner.measure.targets import Target, TargetSession
+from autotuner.problem.suite import suite
+from autotuner.strategies.space import space
 from autotuner.strategy import Strategy
-from autotuner.suite import suite
-from autotuner.targets import Target, TargetSession
+from autotuner.tune.search import tune_problem
 
 out = Console(width=240, emoji=False)  # strategy keys unabridged when piped
 

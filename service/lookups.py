@@ -56,7 +56,7 @@ def _default(dkey: str, pkey: str) -> Lookup:
 
 
 def applicable(problem: Problem, strategy: dict[str, Any]) -> Strategy | None:
-    """The strategy if it can run ``problem`` (what ``autotuner.space`` would offer), else None."""
+    """The strategy if it can run ``problem`` (what ``autotuner.strategies.space`` would offer), else None."""
     try:
         s = Strategy.from_dict(strategy)
     except (StrategyError, TypeError):

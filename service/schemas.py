@@ -384,7 +384,7 @@ class SnapshotEntry(BaseModel):
 
 
 class Snapshot(BaseModel):
-    """Every stored winner (of one device, or of all): what ``autotuner.client.Client(offline=
+    """Every stored winner (of one device, or of all): what ``autotuner.runtime.client.Client(offline=
     FILE)`` reads. Only exact (``tuned``) answers; misses fall back to the baseline."""
 
     model_config = _OUT

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 from jax.sharding import AxisType, Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from ..problem import Problem
+from autotuner.problem import Problem
 
 AXIS = "model"
 Proj = Callable[[str, jax.Array, jax.Array, P], jax.Array]

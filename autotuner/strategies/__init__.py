@@ -7,12 +7,12 @@ from collections.abc import Callable
 import jax
 from jax.sharding import Mesh
 
-from ..problem import Problem, ProblemError
-from ..strategy import Strategy, StrategyError
-from . import allgather, reducescatter
-from ._common import check_mesh, loop_trips, wrap
-from .baseline import compute_only, local_baseline, local_comm_only
-from .xla import compiler_options, plain_einsum
+from autotuner.problem import Problem, ProblemError
+from autotuner.strategies import allgather, reducescatter
+from autotuner.strategies._common import check_mesh, loop_trips, wrap
+from autotuner.strategies.baseline import compute_only, local_baseline, local_comm_only
+from autotuner.strategies.xla import compiler_options, plain_einsum
+from autotuner.strategy import Strategy, StrategyError
 
 __all__ = ["build", "build_parts", "check_valid", "compiler_options", "loop_trips"]
 
@@ -31,7 +31,7 @@ def check_valid(problem: Problem, s: Strategy) -> None:
     if pat.kind == "reduce_scatter" and s.fuse != "loop":
         raise StrategyError("fuse", "a reduce-scatter ring accumulates in the loop; only 'loop' applies")
     operand = "out" if pat.kind == "reduce_scatter" else pat.operand
-    from ._common import Layout
+    from autotuner.strategies._common import Layout
 
     blk = Layout(problem, pat.axis, n).local_extent(operand, pat.letter)
     need = s.chunks * (2 if s.direction == "bidi" and n % 2 == 0 else 1)

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from ..problem import Entry, Problem, ProblemError
+from autotuner.problem import Entry, Problem, ProblemError
 
 LOW_PRECISION = ("bfloat16", "float16")
 

@@ -20,9 +20,9 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ..problem import Problem
-from ..strategy import Strategy
-from ._common import Layout, run_loop, slice_dim, split
+from autotuner.problem import Problem
+from autotuner.strategies._common import Layout, run_loop, slice_dim, split
+from autotuner.strategy import Strategy
 
 
 class _AG:

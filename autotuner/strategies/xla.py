@@ -26,9 +26,9 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import AxisType, Mesh, NamedSharding
 
-from ..problem import Problem
-from ..strategy import Strategy
-from ._common import check_mesh, constrain, pspec
+from autotuner.problem import Problem
+from autotuner.strategies._common import check_mesh, constrain, pspec
+from autotuner.strategy import Strategy
 
 #: platforms whose compiler honours the options below (what `space` offers xla_windowed on)
 PLATFORMS = ("gpu", "tpu")

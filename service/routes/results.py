@@ -6,7 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter
 
-from autotuner import store
+from autotuner.tune import store
 from service.deps import StateDep, WriteAuth
 from service.errors import invalid
 from service.fields import device_key, problem_key
@@ -19,7 +19,7 @@ router = APIRouter(prefix="/v1/results", tags=["results"])
 @router.post("", response_model=ResultsResponse, status_code=201, responses=responses(*WRITE))
 def post_results(_: WriteAuth, req: ResultsRequest, state: StateDep) -> ResultsResponse:
     """Store the measurements of one problem on one device and recompute its winner, in one
-    transaction (`autotuner.store.save`). `ratio` is baseline time / the strategy's time."""
+    transaction (`autotuner.tune.store.save`). `ratio` is baseline time / the strategy's time."""
     items: list[dict[str, Any]] = []
     for i, m in enumerate(req.measurements):
         key = m.strategy.key

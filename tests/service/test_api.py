@@ -512,8 +512,8 @@ def test_snapshot_and_devices(client, post_results):
 # -- concurrency -----------------------------------------------------------------------------------
 
 def test_concurrent_single_lookups_are_coalesced(db_url, database):
-    from autotuner import store
     from autotuner.settings import Settings
+    from autotuner.tune import store
     from service import create_app
 
     tuned = [problem(1024 + 64 * i) for i in range(12)]

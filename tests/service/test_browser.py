@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from autotuner import Device, Problem, Strategy
-from autotuner.store import device_values, problem_values
+from autotuner.tune.store import device_values, problem_values
 from db import Database, upgrade
 from db import repository as repo
 from service.testing import HOST, ROOT, free_port, problem

@@ -19,7 +19,7 @@ from starlette.exceptions import StarletteDeprecationWarning
 
 from autotuner import Device, Problem, Strategy
 from autotuner.settings import Settings
-from autotuner.store import device_values, problem_values
+from autotuner.tune.store import device_values, problem_values
 from db import Database
 from db import repository as repo
 from service import create_app, dashboard

@@ -11,9 +11,10 @@ import time
 import httpx
 import pytest
 import typer
+from autotuner.cli.common import app as cli_app
 from typer.testing import CliRunner
 
-from autotuner.cli_service import register
+import autotuner.cli.service  # noqa: F401 - registers lookup, snapshot and serve on the app
 from service.testing import (
     DEVICE,
     RING,
@@ -54,9 +55,7 @@ def test_uvicorn_process(db_url):
 
 
 def _cli() -> typer.Typer:
-    app = typer.Typer()
-    register(app)
-    return app
+    return cli_app
 
 
 def test_lookup_and_snapshot_commands(sqlite_url, tmp_path):
@@ -97,8 +96,7 @@ def test_lookup_and_snapshot_commands(sqlite_url, tmp_path):
 def test_serve_command(tmp_path):
     port = free_port()
     db = tmp_path / "served.db"  # a new SQLite file is created (migrated) by serve
-    code = ("import typer; from autotuner.cli_service import register; app = typer.Typer(); "
-            "register(app); app()")
+    code = "from autotuner.cli import main; main()"
     proc = subprocess.Popen([sys.executable, "-c", code, "serve", "--port", str(port), "--db", str(db),
                              "--workers", "2", "--log-level", "warning"], start_new_session=True)
     try:

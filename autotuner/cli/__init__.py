@@ -1,0 +1,40 @@
+"""The `autotuner` command line: one module per command group, each registering its commands on
+the app of `autotuner.cli.common`; `main` (the console script) imports them all and runs the app.
+No command module imports this package or another command group."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+from typing import Any
+
+COMMANDS = ("tune", "lab", "up", "db", "extract", "service", "costmodel")
+
+
+def _registered() -> Any:
+    """The Typer app with every command group registered on it."""
+    for name in COMMANDS:
+        importlib.import_module(f"autotuner.cli.{name}")
+    from autotuner.cli.common import app
+
+    return app
+
+
+def __getattr__(name: str) -> Any:
+    if name == "app":  # `autotuner.cli.app`: the whole command tree (docs, tests, completion)
+        return _registered()
+    raise AttributeError(f"module 'autotuner.cli' has no attribute {name!r}")
+
+
+def main() -> None:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    app = _registered()
+    from autotuner.cli.common import err
+    from autotuner.errors import AutotunerError
+
+    try:
+        app()
+    except AutotunerError as e:  # a clear message, never a traceback
+        err.print(f"[bold red]error:[/] {e}", highlight=False)
+        sys.exit(2)

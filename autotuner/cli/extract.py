@@ -1,0 +1,260 @@
+"""`autotuner extract`: find the sharded einsums of a JAX program and write a problems file.
+
+Registers on the `autotuner` app (`autotuner.cli.common`). Progress and skipped pairs go to stderr; one line
+(or, with --json, one JSON object) per problem goes to stdout.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from autotuner.cli.common import app, err, fail
+
+HELP = """Extract the sharded einsums of a JAX program into a problems file for `autotuner tune`.
+
+TARGET is MODULE:FUNCTION, MODULE a dotted module name or a path to a .py file.
+
+Without --args, FUNCTION is a factory returning (fn, args) or (fn, args, kwargs); it is called with --kwargs, plus mesh=(the --mesh as a jax Mesh) when --mesh is given and it takes a `mesh` parameter. Example: autotuner extract autotuner.examples.transformer:example --out problems.json
+
+With --args SPEC, FUNCTION is the program itself, called with one abstract argument per SPEC item (no data needed). SPEC is a JSON list, or @FILE holding one, of objects {"shape": list of sizes, "dtype": "float32", "spec": one entry per dimension, null or a mesh axis name or a list of names}. The axes are those of --mesh (required), e.g. '{"model": 4}', built over the first devices with Auto axis types (GSPMD propagates shardings through plain jnp code; --explicit for explicit sharding).
+
+The program is compiled, not run, on in-process CPU devices (--devices, default the mesh size, else 8). The file is a JSON object with "problems" and "counts" (what `autotuner tune --problems` reads) unless --out ends in .jsonl (problems only, one per line) or .yaml/.yml (a YAML list). Tune it on a target of the problems' mesh size, e.g. --target inproc:4. Counts are runs per program call: occurrences times the trip counts of enclosing scan/fori_loop loops.
+"""
+
+
+def _json_arg(text: str, what: str) -> Any:
+    if text.startswith("@"):
+        try:
+            text = Path(text[1:]).read_text()
+        except OSError as e:
+            fail(f"{what}: cannot read {text[1:]}: {e.strerror or e}")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        fail(f"{what}: invalid JSON: {e.msg} (column {e.colno})")
+
+
+def _parse_mesh(text: str | None) -> dict[str, int] | None:
+    if text is None:
+        return None
+    m = _json_arg(text, "--mesh")
+    if (not isinstance(m, dict) or not m
+            or not all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v > 0
+                       for k, v in m.items())):
+        fail('--mesh: expected an object of axis name -> size, e.g. {"model": 4}')
+    return m
+
+
+def _setup_devices(n: int) -> None:
+    from autotuner.measure.targets import TargetError, prepare_inproc
+
+    if "jax" not in sys.modules:
+        prepare_inproc(n)
+        return
+    try:
+        import jax
+
+        have = jax.device_count()
+    except Exception as e:  # noqa: BLE001
+        raise TargetError(str(e)) from e
+    if have < n:
+        fail(f"needs {n} devices but JAX is already initialised with {have}")
+
+
+def _load_target(target: str) -> Any:
+    if ":" not in target:
+        fail(f"{target!r}: expected MODULE:FUNCTION, e.g. autotuner.examples.transformer:example")
+    mod_name, _, attr = target.rpartition(":")
+    try:
+        if mod_name.endswith(".py") or "/" in mod_name:
+            path = Path(mod_name)
+            if not path.is_file():
+                fail(f"{target!r}: no file {path}")
+            spec = importlib.util.spec_from_file_location(path.stem, path)
+            assert spec is not None and spec.loader is not None
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[path.stem] = module
+            spec.loader.exec_module(module)
+        else:
+            if "" not in sys.path:
+                sys.path.insert(0, "")
+            module = importlib.import_module(mod_name)
+    except ImportError as e:
+        fail(f"{target!r}: cannot import {mod_name}: {e}")
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            fail(f"{target!r}: {mod_name} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        fail(f"{target!r}: {attr} is not callable")
+    return obj
+
+
+def _make_mesh(shape: dict[str, int], explicit: bool) -> Any:
+    import jax
+    from jax.sharding import AxisType
+
+    n = math.prod(shape.values())
+    kind = AxisType.Explicit if explicit else AxisType.Auto
+    return jax.make_mesh(tuple(shape.values()), tuple(shape), axis_types=(kind,) * len(shape),
+                         devices=jax.devices()[:n])
+
+
+def _abstract_args(spec: Any, mesh: Any) -> list[Any]:
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    if not isinstance(spec, list):
+        fail("--args: expected a JSON list of {shape, dtype, spec}")
+    out = []
+    for i, a in enumerate(spec):
+        if not isinstance(a, dict) or "shape" not in a:
+            fail(f"--args[{i}]: expected an object with 'shape' (and 'dtype', 'spec')")
+        extra = sorted(set(a) - {"shape", "dtype", "spec"})
+        if extra:
+            fail(f"--args[{i}].{extra[0]}: unknown field (expected shape, dtype, spec)")
+        shape = a["shape"]
+        if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0
+                                                  for d in shape):
+            fail(f"--args[{i}].shape: expected a list of positive integers")
+        try:
+            dtype = jnp.dtype(a.get("dtype", "float32"))
+        except TypeError:
+            fail(f"--args[{i}].dtype: unknown dtype {a.get('dtype')!r}")
+        entries = a.get("spec", [None] * len(shape))
+        if not isinstance(entries, list) or len(entries) != len(shape):
+            fail(f"--args[{i}].spec: expected {len(shape)} entries (null, an axis name or a list of names)")
+        pspec = PartitionSpec(*[tuple(e) if isinstance(e, list) else e for e in entries])
+        try:
+            sharding = NamedSharding(mesh, pspec)
+            sharding.shard_shape(tuple(shape))
+        except (ValueError, TypeError) as e:
+            fail(f"--args[{i}].spec: {e}")
+        out.append(jax.ShapeDtypeStruct(tuple(shape), dtype, sharding=sharding))
+    return out
+
+
+def _from_factory(factory: Any, mesh: Any, kwargs: dict[str, Any]) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
+    kw = dict(kwargs)
+    if mesh is not None:
+        try:
+            takes_mesh = "mesh" in inspect.signature(factory).parameters
+        except (TypeError, ValueError):
+            takes_mesh = False
+        if takes_mesh:
+            kw["mesh"] = mesh
+    got = factory(**kw)
+    if not isinstance(got, tuple) or len(got) not in (2, 3) or not callable(got[0]):
+        fail("the factory must return (fn, args) or (fn, args, kwargs); pass --args to treat "
+              "the target as the program itself")
+    fn, args = got[0], got[1]
+    fkw = got[2] if len(got) == 3 else {}
+    return fn, tuple(args) if isinstance(args, (list, tuple)) else (args,), dict(fkw)
+
+
+def write_problems(path: Path, problems: list[tuple[Any, int]], source: str) -> None:
+    """JSON object {problems, counts} (default), JSONL of problems, or a YAML list, by suffix."""
+    dicts = [p.to_dict() for p, _ in problems]
+    suffix = path.suffix.lower()
+    if suffix == ".jsonl":
+        text = "".join(json.dumps(d) + "\n" for d in dicts)
+    elif suffix in (".yaml", ".yml"):
+        import yaml
+
+        text = yaml.safe_dump(dicts, sort_keys=False)
+    else:
+        head = {"source": source, "counts": [c for _, c in problems], "keys": [p.key for p, _ in problems]}
+        body = ",\n".join("  " + json.dumps(d) for d in dicts)
+        text = json.dumps(head)[:-1] + ', "problems": [\n' + body + ("\n" if dicts else "") + "]}\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+@app.command("extract", help=HELP)
+def extract_cmd(
+    target: Annotated[str, typer.Argument(metavar="MODULE:FUNCTION", help="the program or a factory")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="problems file to write")],
+    args: Annotated[str | None, typer.Option("--args", help="JSON list (or @FILE) of {shape, dtype, "
+                                             "spec}: TARGET is then the program itself")] = None,
+    mesh: Annotated[str | None, typer.Option("--mesh", help='mesh axes, e.g. \'{"model": 4}\'')] = None,
+    devices: Annotated[int | None, typer.Option("--devices", min=1, max=64,
+                                                help="in-process CPU devices (default: mesh size or 8)")] = None,
+    kwargs: Annotated[str | None, typer.Option("--kwargs", help="JSON object of keyword arguments "
+                                               "for the factory")] = None,
+    explicit: Annotated[bool | None, typer.Option("--explicit/--auto", help="mesh axis types: explicit "
+                                           "sharding (the factory default) or GSPMD-propagated "
+                                           "(the --args default)")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="one JSON object per problem on stdout")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="say why each skipped pair was skipped")] = False,
+) -> None:
+    from autotuner.measure.targets import TargetError
+
+    shape = _parse_mesh(mesh)
+    if args is not None and shape is None:
+        fail("--args needs --mesh (the axes its specs name)")
+    n = devices or (math.prod(shape.values()) if shape else 8)
+    if shape and math.prod(shape.values()) > n:
+        fail(f"--mesh {shape} needs {math.prod(shape.values())} devices; --devices is {n}")
+    fkw = _json_arg(kwargs, "--kwargs") if kwargs else {}
+    if not isinstance(fkw, dict):
+        fail("--kwargs: expected a JSON object")
+    try:
+        _setup_devices(n)
+    except TargetError as e:
+        fail(str(e))
+    obj = _load_target(target)
+
+    import jax
+
+    from autotuner.hlo import ExtractError, extract_report
+
+    jmesh = _make_mesh(shape, explicit if explicit is not None else args is None) if shape else None
+    if args is not None:
+        fn, fargs, fkwargs = obj, tuple(_abstract_args(_json_arg(args, "--args"), jmesh)), {}
+    else:
+        try:
+            fn, fargs, fkwargs = _from_factory(obj, jmesh, fkw)
+        except typer.Exit:
+            raise
+        except Exception as e:  # noqa: BLE001 - the user's factory failed
+            fail(f"{target}: the factory raised {type(e).__name__}: {e}")
+    err.print(f"extracting {target} on {n} in-process CPU devices", highlight=False)
+    try:
+        if jmesh is not None:
+            with jax.set_mesh(jmesh):
+                report = extract_report(fn, *fargs, mesh=jmesh if args is not None else None, **fkwargs)
+        else:
+            report = extract_report(fn, *fargs, **fkwargs)
+    except ExtractError as e:
+        fail(str(e))
+    for p, c in report.problems:
+        if json_out:
+            sys.stdout.write(json.dumps({"key": p.key, "count": c, "pattern": p.pattern.label,
+                                         "problem": p.to_dict()}) + "\n")
+        else:
+            sys.stdout.write(f"{c:>3}x  {p.describe()}  key {p.key[:12]}\n")
+    sys.stdout.flush()
+    write_problems(out, report.problems, target)
+    total = sum(c for _, c in report.problems)
+    err.print(f"{len(report.problems)} problem(s), {total} occurrence(s) from {report.pairs} "
+              f"collective/dot pair(s) on mesh {report.mesh}; wrote {out}", highlight=False)
+    if report.skipped:
+        err.print(f"{len(report.skipped)} pair(s) skipped" + ("" if verbose else " (--verbose says why)"),
+                  highlight=False)
+        if verbose:
+            for where, why in report.skipped:
+                err.print(f"  {where}: {why}", highlight=False)
+    if not report.problems:
+        err.print("no all-gather -> einsum or einsum -> reduce-scatter pairs found; "
+                  "`autotuner tune` needs at least one problem", highlight=False)

@@ -1,0 +1,219 @@
+"""`autotuner tune` (measure problems on a target, store the results) and `autotuner worker`
+(claim tuning jobs from a service). Progress and tables go to stderr, JSON to stdout."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from autotuner.cli.common import app, db_url, err, fail, fmt, open_database
+
+
+def load_items(problems: str | None, n: int, scale: float) -> list[tuple[str, Any]]:
+    from autotuner.problem.files import ProblemsFileError, load_problems
+    from autotuner.problem.suite import suite
+
+    if problems is None or problems == "suite":
+        return [(name, p) for name, _regime, p in suite(n, scale=scale)]
+    try:
+        return [(f"{Path(problems).name}[{i}]", p) for i, p in enumerate(load_problems(problems))]
+    except ProblemsFileError as e:
+        fail(str(e))
+        raise AssertionError from e
+
+
+@app.command()
+def tune(
+    problems: Annotated[str | None, typer.Option("--problems", help="JSON, JSONL or YAML file of Problems, "
+                                                 "or 'suite' for the built-in transformer suite")] = None,
+    target: Annotated[str | None, typer.Option(help="inproc:N, lab:TOPOLOGY:N:RATE or local")] = None,
+    db: Annotated[str | None, typer.Option("--db", help="database URL (default AUTOTUNER_DB_URL, "
+                                           "else ./autotuner.db)")] = None,
+    service: Annotated[str | None, typer.Option(help="upload results to this service URL instead")] = None,
+    token: Annotated[str | None, typer.Option(help="write token for --service")] = None,
+    trials: Annotated[int, typer.Option(min=1, help="trial budget per problem (search)")] = 24,
+    seconds: Annotated[float | None, typer.Option(min=1, help="time budget per problem (search)")] = None,
+    exhaustive: Annotated[bool, typer.Option(help="measure every strategy of the space")] = False,
+    reps: Annotated[int, typer.Option(min=3, help="timed repetitions per strategy")] = 7,
+    scale: Annotated[float, typer.Option(min=0.01, max=4.0, help="size factor for the built-in suite")] = 1.0,
+    json_out: Annotated[bool, typer.Option("--json", help="one JSON object per problem on stdout")] = False,
+) -> None:
+    """Tune problems on a target and store the measurements and winners."""
+    from autotuner.measure.targets import Target, TargetError, TargetSession, default_target
+
+    try:
+        tgt = Target.parse(target or default_target())
+    except TargetError as e:
+        fail(str(e))
+    items = load_items(problems, tgt.n or 1, scale)
+    if service and not token:
+        fail("--service needs --token (a write token of the service)")
+    if service and db:
+        fail("give either --db (store locally) or --service (upload), not both")
+    if service:
+        from autotuner.tune.worker import scratch_db_url
+
+        database = open_database(scratch_db_url(service))  # the study and measurements, then uploaded
+    else:
+        database = open_database(db_url(db))
+    if not exhaustive:
+        try:
+            from autotuner.tune import search  # noqa: F401
+        except ImportError:
+            fail("the Optuna search is not available yet; run with --exhaustive")
+    run_id = uuid.uuid4().hex[:12]
+    rows: list[dict[str, Any]] = []
+    err.print(f"target {tgt.text}: {len(items)} problem(s), run {run_id}", highlight=False)
+    try:
+        with TargetSession(tgt, log=lambda m: err.print(m, highlight=False)) as ts:
+            err.print(f"device {ts.device.label} ({ts.device.key[:8]})", highlight=False)
+            if not exhaustive:
+                say_model(database, ts.device)
+            for name, problem in items:
+                try:
+                    ts.check(problem)
+                except TargetError as e:
+                    fail(f"{name}: {e}")
+                row = tune_one(ts, database, name, problem, run_id, exhaustive=exhaustive, trials=trials,
+                                seconds=seconds, reps=reps)
+                if service:
+                    row.update(upload_run(service, token, ts.device, problem, database, run_id))
+                rows.append(row)
+                if json_out:
+                    sys.stdout.write(json.dumps(row) + "\n")
+                    sys.stdout.flush()
+    except TargetError as e:
+        fail(str(e))
+    print_summary(rows)
+
+
+def say_model(database: Any, device: Any) -> None:
+    from autotuner.costmodel import CostModelError, load_params
+
+    try:
+        load_params(database, device)
+    except CostModelError:
+        err.print("cost model: this device has no calibration (`autotuner calibrate`); "
+                  "the search starts from the nearest tuned shapes only", highlight=False)
+    else:
+        err.print("cost model: the device's calibration orders the first trials", highlight=False)
+
+
+def tune_one(ts: Any, database: Any, name: str, problem: Any, run_id: str, *, exhaustive: bool,
+              trials: int, seconds: float | None, reps: int) -> dict[str, Any]:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from autotuner.measure import run_session
+    from autotuner.strategies.space import space
+    from autotuner.tune import store
+
+    t0 = time.perf_counter()
+    strategies = space(problem, ts.device)
+    err.print(f"[bold]{name}[/]: {problem.describe()} — {len(strategies)} strategies", highlight=False)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  console=err, transient=True) as prog:
+        if exhaustive:
+            task = prog.add_task(f"{name}: compiling {len(strategies)}", total=reps)
+            session = run_session(ts.runner(problem), problem, strategies, reps=reps,
+                                  log=lambda m: err.print(m, highlight=False),
+                                  on_rep=lambda r, n: prog.update(task, completed=r,
+                                                                  description=f"{name}: timing"))
+            winner = store.save(database, ts.device, problem, store.session_items(session, run_id))
+            n_trials, failed = len(strategies), sum(c.status != "ok" for c in session.candidates)
+            bound_s = session.bound_s
+        else:
+            from autotuner.tune.search import tune_problem
+
+            result = tune_problem(ts, database, problem, trials=trials, seconds=seconds, reps=reps,
+                                  run_id=run_id, progress=prog, name=name)
+            winner, n_trials, failed, bound_s = result.winner, result.trials, result.failed, result.bound_s
+    eff = None
+    if winner is not None and bound_s and winner.baseline_s and winner.winner_s:
+        from autotuner.measure import efficiency
+
+        eff = efficiency(winner.baseline_s, winner.winner_s, bound_s)
+    return {"key": problem.key, "name": name, "problem": problem.to_dict(), "device": ts.device.to_dict(),
+            "winner": winner.strategy if winner else None,
+            "speedup": winner.speedup if winner else None,
+            "speedup_ci": [winner.speedup_lo, winner.speedup_hi] if winner else None,
+            "baseline_s": winner.baseline_s if winner else None,
+            "winner_s": winner.winner_s if winner else None,
+            "bound_s": bound_s, "efficiency": eff, "trials": n_trials,
+            "seconds": round(time.perf_counter() - t0, 3), "failed": failed}
+
+
+def upload_run(service: str, token: str | None, device: Any, problem: Any, database: Any, run_id: str
+            ) -> dict[str, Any]:
+    """Send this run's measurements to the service; its winner replaces the local one."""
+    import httpx
+
+    from autotuner.tune.worker import ServiceError, http_client, run_items, upload
+
+    try:
+        with http_client(service, token) as http:
+            res = upload(http, device, problem, run_items(database, device, problem, run_id))
+    except (ServiceError, httpx.HTTPError) as e:
+        fail(f"{service}: {e} (the measurements stay in {database.url})")
+        raise AssertionError from e
+    w = res.get("winner") or {}
+    return {"uploaded": res["recorded"], "winner": w.get("strategy"), "speedup": w.get("speedup"),
+            "speedup_ci": [w.get("speedup_lo"), w.get("speedup_hi")], "baseline_s": w.get("baseline_s"),
+            "winner_s": w.get("winner_s")}
+
+
+
+def print_summary(rows: list[dict[str, Any]]) -> None:
+    from autotuner.strategy import Strategy
+
+    t = Table(title="tuned", show_lines=False)
+    for col in ("problem", "winner", "speedup", "CI", "baseline ms", "winner ms", "bound ms", "eff",
+                "trials", "failed", "time s"):
+        t.add_column(col)
+    for r in rows:
+        w = Strategy.from_dict(r["winner"]).key if r["winner"] else "-"
+        ci = r["speedup_ci"] or [None, None]
+        t.add_row(r["name"], w, fmt(r["speedup"], ".3f"), f"{fmt(ci[0], '.2f')}-{fmt(ci[1], '.2f')}",
+                  fmt(r["baseline_s"] and r["baseline_s"] * 1e3, ".2f"),
+                  fmt(r["winner_s"] and r["winner_s"] * 1e3, ".2f"),
+                  fmt(r["bound_s"] and r["bound_s"] * 1e3, ".2f"), fmt(r["efficiency"], ".2f"),
+                  str(r["trials"]), str(r["failed"]), fmt(r["seconds"], ".1f"))
+    err.print(t)
+
+
+# -- worker ----------------------------------------------------------------------------------------
+
+@app.command()
+def worker(
+    service: Annotated[str, typer.Option(help="the service URL, e.g. http://autotuner:8000")],
+    token: Annotated[str, typer.Option(envvar="AUTOTUNER_WORKER_TOKEN", help="a write token of the service")],
+    target: Annotated[str | None, typer.Option(help="inproc:N, lab:TOPOLOGY:N:RATE or local")] = None,
+    once: Annotated[bool, typer.Option(help="stop when no job is left instead of polling")] = False,
+    poll: Annotated[float, typer.Option(min=0.1, help="seconds between claims when the queue is empty")] = 10.0,
+    lease: Annotated[float, typer.Option(min=5, help="job lease in seconds, renewed while tuning")] = 300.0,
+    trials: Annotated[int, typer.Option(min=1, help="default trial budget per job")] = 24,
+    reps: Annotated[int, typer.Option(min=3)] = 7,
+) -> None:
+    """Claim tuning jobs for this target's device from the service, tune them, upload results."""
+    import httpx
+
+    from autotuner.measure.targets import Target, TargetError, TargetSession, default_target
+    from autotuner.tune.worker import ServiceError, work
+
+    try:
+        tgt = Target.parse(target or default_target())
+        with TargetSession(tgt, log=lambda m: err.print(m, highlight=False)) as ts:
+            err.print(f"worker on {ts.device.label} ({ts.device.key[:8]}), service {service}", highlight=False)
+            n = work(ts, service, token, once=once, poll_s=poll, lease_s=lease, trials=trials, reps=reps,
+                     say=lambda m: err.print(m, highlight=False))
+    except (TargetError, ServiceError) as e:
+        fail(str(e))
+    except httpx.HTTPError as e:
+        fail(f"cannot reach {service}: {e}")
+    err.print(f"{n} job(s) done")

@@ -1,0 +1,210 @@
+"""The HLO text of one module, parsed: computations, instructions, their shapes and attributes."""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass, field
+
+from autotuner.errors import AutotunerError
+
+log = logging.getLogger(__name__)
+
+DTYPES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
+PASS_THROUGH = frozenset({"copy", "convert", "bitcast", "reshape", "transpose"})
+
+
+class ExtractError(AutotunerError, RuntimeError):
+    """The program could not be compiled or its partitioned HLO could not be obtained."""
+
+
+# -- HLO text ------------------------------------------------------------------------------------
+
+@dataclass
+class Instr:
+    name: str
+    etype: str | None                # element type (f32, s32, ...); None for tuples / tokens
+    shape: tuple[int, ...] | None    # None for tuples
+    opcode: str
+    operands: list[str]
+    operand_text: str
+    attrs: dict[str, str]
+    computation: str
+
+    def attr_ints(self, key: str) -> tuple[int, ...]:
+        v = self.attrs.get(key)
+        if v is None:
+            return ()
+        return tuple(int(t) for t in re.findall(r"-?\d+", v))
+
+    @property
+    def op_name(self) -> str:
+        m = re.search(r'op_name="([^"]*)"', self.attrs.get("metadata", ""))
+        return m.group(1) if m else ""
+
+    @property
+    def stack_frame(self) -> str:
+        m = re.search(r"stack_frame_id=(\d+)", self.attrs.get("metadata", ""))
+        return m.group(1) if m else ""
+
+
+@dataclass
+class HloModule:
+    name: str
+    num_partitions: int
+    instrs: dict[str, Instr]
+    order: list[str]
+    computations: dict[str, list[str]]
+    users: dict[str, list[str]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for n in self.order:
+            for o in self.instrs[n].operands:
+                if o in self.instrs:
+                    self.users.setdefault(o, []).append(n)
+
+    def op(self, name: str) -> Instr | None:
+        return self.instrs.get(name)
+
+
+_CLOSE = {"(": ")", "[": "]", "{": "}"}
+
+
+def _match(text: str, i: int) -> int:
+    """Index just past the bracket that closes the one at text[i] (quotes respected)."""
+    stack, quote = [], None
+    j = i
+    while j < len(text):
+        c = text[j]
+        if quote:
+            if c == "\\":
+                j += 1
+            elif c == quote:
+                quote = None
+        elif c in "\"'":
+            quote = c
+        elif c in _CLOSE:
+            stack.append(_CLOSE[c])
+        elif stack and c == stack[-1]:
+            stack.pop()
+            if not stack:
+                return j + 1
+        j += 1
+    raise ValueError(f"unbalanced brackets in {text[i:i + 80]!r}")
+
+
+def _split_top(text: str) -> list[str]:
+    """Split on commas not nested in brackets or quotes."""
+    out, depth, quote, cur = [], 0, None, []
+    i = 0
+    while i < len(text):
+        c = text[i]
+        if quote:
+            if c == "\\" and i + 1 < len(text):
+                cur.append(c)
+                i += 1
+                c = text[i]
+            elif c == quote:
+                quote = None
+        elif c in "\"'":
+            quote = c
+        elif c in "([{":
+            depth += 1
+        elif c in ")]}":
+            depth -= 1
+        elif c == "," and depth == 0:
+            out.append("".join(cur).strip())
+            cur = []
+            i += 1
+            continue
+        cur.append(c)
+        i += 1
+    if "".join(cur).strip():
+        out.append("".join(cur).strip())
+    return out
+
+
+_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
+_ARRAY_TYPE = re.compile(r"^([a-z][a-z0-9]*)\[([^\]]*)\](?:\{[^}]*\})?")
+_HEADER = re.compile(r"^\s*(?:ENTRY\s+)?%?([\w.\-]+)\s*[({]")
+
+
+def parse_hlo(text: str) -> HloModule:
+    """A light parser for HLO text: instructions with shapes, operands and raw attributes."""
+    name, parts = "", 1
+    instrs: dict[str, Instr] = {}
+    order: list[str] = []
+    comps: dict[str, list[str]] = {}
+    comp: str | None = None
+    for raw in text.splitlines():
+        line = raw.rstrip()
+        if line.startswith("HloModule"):
+            m = re.match(r"HloModule\s+([^\s,]+)", line)
+            name = m.group(1) if m else ""
+            m = re.search(r"num_partitions=(\d+)", line)
+            parts = int(m.group(1)) if m else 1
+            continue
+        if comp is None:
+            if line.endswith("{") and "->" in line and " = " not in line.split("(")[0]:
+                m = _HEADER.match(line)
+                comp = m.group(1) if m else f"computation{len(comps)}"
+                comps[comp] = []
+            continue
+        if line.strip() == "}":
+            comp = None
+            continue
+        m = _INSTR.match(line)
+        if not m:
+            continue
+        try:
+            ins = _parse_instr(m.group(1), m.group(2), comp)
+        except (ValueError, IndexError):
+            log.debug("extract: could not parse HLO line %r", line[:200])
+            continue
+        instrs[ins.name] = ins
+        order.append(ins.name)
+        comps[comp].append(ins.name)
+    return HloModule(name, parts, instrs, order, comps)
+
+
+def _parse_instr(name: str, rest: str, comp: str) -> Instr:
+    rest = rest.strip()
+    etype: str | None = None
+    shape: tuple[int, ...] | None = None
+    if rest.startswith("("):
+        end = _match(rest, 0)
+        rest = rest[end:].strip()
+    else:
+        m = _ARRAY_TYPE.match(rest)
+        if m:
+            etype = m.group(1)
+            dims = [d.strip().lstrip("<=") for d in m.group(2).split(",") if d.strip()]
+            shape = tuple(int(d) for d in dims)
+            rest = rest[m.end():].strip()
+        else:  # token[] or similar
+            tok = rest.split(" ", 1)
+            rest = tok[1] if len(tok) > 1 else ""
+    m = re.match(r"([\w\-]+)\(", rest)
+    if not m:
+        raise ValueError("no opcode")
+    opcode = m.group(1)
+    start = m.end() - 1
+    end = _match(rest, start)
+    operand_text = rest[start + 1:end - 1]
+    operands = re.findall(r"%([\w.\-]+)", operand_text)
+    if not operands and opcode not in ("constant", "parameter", "iota", "partition-id", "replica-id"):
+        operands = [t.split()[-1] for t in _split_top(operand_text) if t.split()]
+    attrs: dict[str, str] = {}
+    tail = rest[end:].strip()
+    if tail.startswith(","):
+        tail = tail[1:]
+    last = None
+    for item in _split_top(tail):
+        if "=" in item:
+            k, v = item.split("=", 1)
+            k = k.strip()
+            attrs[k] = v.strip()
+            last = k
+        elif last is not None:
+            attrs[last] += ", " + item
+    return Instr(name, etype, shape, opcode, operands, operand_text, attrs, comp)

@@ -1,0 +1,186 @@
+"""The measurement harness: compile, check numerics, warm up, time, summarize.
+
+The only module that times anything. A `Runner` owns the compiled programs of one problem on one
+mesh and times one program for one repetition; `LocalRunner` does it in this process (in-process
+devices, or one process of the lab, where `sync` aligns the processes), the lab's parent side
+forwards the same calls to the lab (see `autotuner.lab.runner`). `run_session` drives a runner:
+baseline and candidates in one session, repetitions interleaved, robust summaries, the ratio to
+baseline with a bootstrap confidence interval, the bound max(T_comm, T_comp) + fill and the
+overlap efficiency (T_base - T) / (T_base - T_bound).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+from autotuner.measure.stats import Summary, bound, efficiency, ratio_ci
+from autotuner.problem import Problem
+from autotuner.strategy import Strategy
+
+COMM, COMP = "comm", "comp"  # program ids of the collective alone and the einsum alone
+
+
+@dataclass
+class Candidate:
+    strategy: dict[str, Any]
+    key: str
+    status: str = "ok"                 # ok | failed
+    reason: str | None = None
+    compile_s: float | None = None
+    memory: dict[str, int] | None = None
+    error: float | None = None         # relative error against the baseline's result
+    samples: list[float] = field(default_factory=list)
+    median_s: float | None = None
+    iqr_s: float | None = None
+    min_s: float | None = None
+    n: int = 0
+    ratio: float | None = None         # baseline / this (> 1 is faster than baseline)
+    ratio_lo: float | None = None
+    ratio_hi: float | None = None
+    efficiency: float | None = None
+    pruned: bool = False               # timing stopped early by the tuner's pruner
+
+    def fail(self, reason: str) -> None:
+        self.status, self.reason = "failed", reason
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class SessionResult:
+    problem: dict[str, Any]
+    baseline: Candidate
+    candidates: list[Candidate]
+    comm_s: float | None
+    comp_s: float | None
+    bound_s: float | None
+    reps: int
+    seconds: float
+
+    def ok(self) -> list[Candidate]:
+        return [c for c in [self.baseline, *self.candidates] if c.status == "ok"]
+
+    def best(self) -> Candidate:
+        """The fastest ok candidate by median (the baseline if nothing beats it)."""
+        return min(self.ok(), key=lambda c: c.median_s if c.median_s is not None else math.inf,
+                   default=self.baseline)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["baseline"] = self.baseline.to_dict()
+        d["candidates"] = [c.to_dict() for c in self.candidates]
+        return d
+
+
+class Runner(Protocol):
+    def prepare(self, problem: Problem, strategies: Sequence[Strategy], parts: bool = True
+                ) -> list[dict[str, Any]]:
+        """Build and compile the baseline (index 0 must be it), the candidates and the parts;
+        check each candidate's numbers against the baseline; warm up. One status dict per
+        strategy: {"ok", "reason", "compile_s", "memory", "rel_error"}; plus parts' status."""
+        ...
+
+    def time(self, program: int | str) -> float:
+        """One repetition of one prepared program (an index, COMM or COMP), seconds, max over
+        processes. Raises on failure."""
+        ...
+
+
+class Sync(Protocol):
+    def barrier(self) -> None: ...
+    def max_over_processes(self, value: float) -> float: ...
+
+
+class NoSync:
+    def barrier(self) -> None:
+        pass
+
+    def max_over_processes(self, value: float) -> float:
+        return value
+
+
+
+def run_session(runner: Runner, problem: Problem, strategies: Sequence[Strategy], *, reps: int = 7,
+                log: Callable[[str], None] | None = None,
+                on_rep: Callable[[int, int], None] | None = None,
+                prune: Callable[[int, Candidate, Candidate, int], bool] | None = None,
+                parts: bool = True) -> SessionResult:
+    """Measure `strategies` (the baseline is added first if missing) in one interleaved session.
+
+    `parts=False` skips timing the collective and the einsum alone (no bound then; a tuner
+    needs them once per problem, not once per batch).
+    `prune(index, candidate, baseline, reps_done)` is asked after every repetition from the third
+    on; when it says True the candidate's timing stops there (its samples so far are kept).
+    """
+    t_start = time.perf_counter()
+    strategies = list(strategies)
+    if not strategies or not strategies[0].is_baseline:
+        strategies = [Strategy.baseline()] + [s for s in strategies if not s.is_baseline]
+    cands = [Candidate(s.to_dict(), s.key) for s in strategies]
+    for c, st in zip(cands, runner.prepare(problem, strategies, parts), strict=True):
+        c.compile_s, c.memory, c.error = st.get("compile_s"), st.get("memory"), st.get("rel_error")
+        if not st["ok"]:
+            c.fail(st["reason"] or "failed")
+            if log:
+                log(f"  {c.key}: failed: {c.reason}")
+    base = cands[0]
+    has_parts = parts and problem.pattern.kind != "none" and base.status == "ok"
+    live = [i for i, c in enumerate(cands) if c.status == "ok"]
+    comm: list[float] = []
+    comp: list[float] = []
+    for r in range(reps):
+        # interleave: rotate the order every repetition so no program always runs first
+        order: list[int | str] = live[r % len(live):] + live[: r % len(live)] if live else []
+        if has_parts:
+            order += [COMM, COMP] if r % 2 == 0 else [COMP, COMM]
+        for prog in order:
+            if isinstance(prog, int) and (cands[prog].status != "ok" or cands[prog].pruned):
+                continue
+            try:
+                t = runner.time(prog)
+            except Exception as e:  # noqa: BLE001
+                if isinstance(prog, int):
+                    cands[prog].fail(f"{type(e).__name__} while timing: {e}"[:2000])
+                    if log:
+                        log(f"  {cands[prog].key}: failed: {cands[prog].reason}")
+                    continue
+                has_parts = False
+                comm, comp = [], []
+                continue
+            if prog == COMM:
+                comm.append(t)
+            elif prog == COMP:
+                comp.append(t)
+            else:
+                cands[prog].samples.append(t)
+        if prune and r + 1 >= 3 and base.status == "ok":
+            for i in live[1:]:
+                c = cands[i]
+                if c.status == "ok" and not c.pruned and prune(i, c, base, r + 1):
+                    c.pruned = True
+                    if log:
+                        log(f"  {c.key}: pruned after {r + 1} repetitions")
+        if on_rep:
+            on_rep(r + 1, reps)
+    for c in cands:
+        if c.status == "ok":
+            s = Summary.of(c.samples)
+            c.median_s, c.iqr_s, c.min_s, c.n = s.median, s.iqr, s.min, s.n
+    t_comm = Summary.of(comm).median if comm else None
+    t_comp = Summary.of(comp).median if comp else None
+    t_bound = bound(t_comm, t_comp, problem.axis_size) if t_comm is not None and t_comp is not None else None
+    for c in cands:
+        if c.status != "ok" or base.status != "ok":
+            continue
+        c.ratio, lo, hi = ratio_ci(base.samples, c.samples)
+        c.ratio_lo = None if math.isnan(lo) else lo
+        c.ratio_hi = None if math.isnan(hi) else hi
+        if t_bound is not None and base.median_s is not None and c.median_s is not None:
+            c.efficiency = efficiency(base.median_s, c.median_s, t_bound)
+    return SessionResult(problem.to_dict(), base, cands[1:], t_comm, t_comp, t_bound, reps,
+                         time.perf_counter() - t_start)

@@ -1,0 +1,131 @@
+"""Where measurements run: `inproc:N`, `lab:TOPOLOGY:N[:RATE]` or `local`."""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from autotuner.device import Device
+from autotuner.errors import AutotunerError
+from autotuner.problem import Problem
+
+
+class TargetError(AutotunerError, ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Target:
+    kind: str             # inproc | lab | local
+    n: int | None = None  # devices (inproc, lab)
+    text: str = ""
+
+    @classmethod
+    def parse(cls, text: str) -> Target:
+        t = text.strip()
+        if t == "local":
+            return cls("local", None, t)
+        if t.startswith("inproc:"):
+            try:
+                n = int(t.split(":", 1)[1])
+            except ValueError:
+                raise TargetError(f"target {text!r}: expected inproc:N with N a number of devices") from None
+            if not 1 <= n <= 64:
+                raise TargetError(f"target {text!r}: N must be between 1 and 64")
+            return cls("inproc", n, t)
+        if t.startswith("lab:"):
+            from autotuner.lab import LabError, LabSpec
+
+            try:
+                spec = LabSpec.parse(t)
+            except LabError as e:
+                raise TargetError(str(e)) from None
+            return cls("lab", spec.n, t)
+        raise TargetError(f"target {text!r}: expected inproc:N, lab:TOPOLOGY:N:RATE (e.g. lab:shared:2:2gbit) "
+                          "or local")
+
+
+def default_target() -> str:
+    """`local` where a GPU/TPU is present, else in-process CPU devices."""
+    try:
+        import jax
+
+        if jax.default_backend() != "cpu":
+            return "local"
+    except Exception:  # noqa: BLE001
+        pass
+    return "inproc:8"
+
+
+def prepare_inproc(n: int) -> None:
+    """In-process CPU devices must be asked for before JAX initialises its backend."""
+    flag = f"--xla_force_host_platform_device_count={n}"
+    if "jax" in sys.modules:
+        import jax
+
+        if jax.device_count() != n and jax.default_backend() == "cpu":
+            raise TargetError(f"JAX is already initialised with {jax.device_count()} devices; "
+                              f"inproc:{n} needs a fresh process")
+        return
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "host_platform_device_count" not in f]
+    os.environ["XLA_FLAGS"] = " ".join(flags + [flag])
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
+class TargetSession:
+    """An open target: its device fingerprint and a Runner per problem."""
+
+    def __init__(self, target: Target, log: Callable[[str], None] | None = None):
+        self.target, self.log = target, log or (lambda _m: None)
+        self.lab: Any = None
+        if target.kind == "inproc":
+            prepare_inproc(int(target.n or 1))
+            self.device = Device.current(topology="inproc")
+        elif target.kind == "local":
+            self.device = Device.current(topology="local")
+        else:
+            from autotuner.lab import LabSpec
+            from autotuner.lab.runner import LabRunner, open_lab
+
+            spec = LabSpec.parse(target.text)
+            self.lab = open_lab(spec, log=self.log)
+            self.lab.start()
+            self._lab_runner = LabRunner(self.lab, log=self.log)
+            self.device = self._lab_runner.device()
+
+    @property
+    def num_devices(self) -> int:
+        return self.device.num_devices
+
+    def check(self, problem: Problem) -> None:
+        need = math.prod(s for _, s in problem.mesh)
+        if need != self.num_devices:
+            raise TargetError(f"the problem's mesh {problem.mesh_shape} needs {need} devices; target "
+                              f"{self.target.text} has {self.num_devices}")
+
+    def runner(self, problem: Problem) -> Any:
+        self.check(problem)
+        if self.lab is not None:
+            return self._lab_runner
+        import jax
+
+        from autotuner.measure import LocalRunner
+
+        shape = tuple(s for _, s in problem.mesh)
+        mesh = jax.make_mesh(shape, tuple(a for a, _ in problem.mesh), devices=jax.devices()[: math.prod(shape)])
+        return LocalRunner(mesh)
+
+    def close(self) -> None:
+        if self.lab is not None:
+            self.lab.close()
+            self.lab = None
+
+    def __enter__(self) -> TargetSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

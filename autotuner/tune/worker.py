@@ -1,0 +1,150 @@
+"""Tuning against a service: upload results, and the job-claiming worker loop.
+
+A tuning run that reports to a service still tunes into a local scratch database (the Optuna
+study and our measurements, so a killed run resumes), then uploads this run's measurements with
+`POST /v1/results`, where the winner is recomputed. The worker claims jobs with a lease
+(`POST /v1/jobs/claim`), keeps the lease alive while it tunes, and finishes the job done or
+failed; a worker that dies loses its lease and the job returns to the queue.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import time
+from typing import Any
+
+import httpx
+
+from autotuner.device import Device
+from autotuner.errors import AutotunerError
+from autotuner.problem import Problem
+
+log = logging.getLogger(__name__)
+
+
+class ServiceError(AutotunerError, RuntimeError):
+    pass
+
+
+def _check(r: httpx.Response, what: str) -> Any:
+    if r.status_code >= 400:
+        try:
+            detail = r.json().get("detail")
+        except ValueError:
+            detail = r.text[:500]
+        raise ServiceError(f"{what}: HTTP {r.status_code}: {detail}")
+    return r.json()
+
+
+def scratch_db_url(service: str) -> str:
+    """A local SQLite file per service URL for studies and measurements before upload."""
+    from autotuner.settings import get_settings
+
+    root = get_settings().cache_dir
+    root.mkdir(parents=True, exist_ok=True)
+    safe = "".join(c if c.isalnum() else "_" for c in service)[:80]
+    return f"sqlite:///{root / f'scratch-{safe}.db'}"
+
+
+def run_items(database: Any, device: Device, problem: Problem, run_id: str) -> list[dict[str, Any]]:
+    """This run's measurements of (device, problem) from the scratch database, as upload items."""
+    from db import repository as repo
+
+    with database.session(read_only=True) as s:
+        dev, prob = repo.get_device_by_key(s, device.key), repo.get_problem_by_key(s, problem.key)
+        if dev is None or prob is None:
+            return []
+        ms = repo.list_measurements(s, prob.id, dev.id)
+    keep = ("status", "reason", "median_s", "iqr_s", "min_s", "n", "ratio", "ratio_lo", "ratio_hi",
+            "compile_s", "memory", "run_id", "host")
+    return [{"strategy": dict(m.strategy), "strategy_key": m.strategy_key, "samples": list(m.samples),
+             **{k: getattr(m, k) for k in keep}} for m in ms if m.run_id == run_id]
+
+
+def upload(http: httpx.Client, device: Device, problem: Problem, items: list[dict[str, Any]]) -> dict[str, Any]:
+    if not items:
+        raise ServiceError("nothing to upload: no measurements were taken")
+    r = http.post("/v1/results", json={"device": device.to_dict(), "problem": problem.to_dict(),
+                                       "measurements": items})
+    return _check(r, "uploading results")
+
+
+def http_client(service: str, token: str | None, timeout: float = 30.0) -> httpx.Client:
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    return httpx.Client(base_url=service.rstrip("/"), headers=headers, timeout=timeout)
+
+
+class _Heartbeat:
+    """Renews a job's lease every third of it until stopped."""
+
+    def __init__(self, http: httpx.Client, job_id: int, worker: str, lease_s: float):
+        self.http, self.job_id, self.worker, self.lease_s = http, job_id, worker, lease_s
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop.wait(self.lease_s / 3):
+            try:
+                _check(self.http.post(f"/v1/jobs/{self.job_id}/heartbeat",
+                                      json={"worker": self.worker, "lease_seconds": self.lease_s}),
+                       "heartbeat")
+            except (httpx.HTTPError, ServiceError) as e:
+                log.warning("job %s: heartbeat failed: %s", self.job_id, e)
+
+    def __enter__(self) -> _Heartbeat:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join(timeout=5)
+
+
+def work(ts: Any, service: str, token: str, *, once: bool = False, poll_s: float = 10.0,
+         lease_s: float = 300.0, trials: int = 24, seconds: float | None = None, reps: int = 7,
+         say: Any = print) -> int:
+    """Claim and tune jobs for this target's device until none is left (once) or forever.
+    Returns the number of jobs finished."""
+    import uuid
+
+    from autotuner.tune.search import tune_problem
+    from db import Database
+
+    worker = f"{socket.gethostname()}:{os.getpid()}"
+    database = Database(scratch_db_url(service))
+    database.upgrade()
+    done = 0
+    with http_client(service, token) as http:
+        while True:
+            r = http.post("/v1/jobs/claim", json={"worker": worker, "lease_seconds": lease_s,
+                                                  "device_key": ts.device.key})
+            job = _check(r, "claiming a job")["job"]
+            if job is None:
+                if once:
+                    return done
+                time.sleep(poll_s)
+                continue
+            problem = Problem.from_dict(job["problem"])
+            params = job.get("params") or {}
+            say(f"job {job['id']}: {problem.describe()}")
+            status, error = "done", None
+            try:
+                ts.check(problem)
+                run_id = uuid.uuid4().hex[:12]
+                with _Heartbeat(http, job["id"], worker, lease_s):
+                    tune_problem(ts, database, problem, trials=int(params.get("trials", trials)),
+                                 seconds=params.get("seconds", seconds), reps=int(params.get("reps", reps)),
+                                 run_id=run_id, name=f"job {job['id']}")
+                res = upload(http, ts.device, problem, run_items(database, ts.device, problem, run_id))
+                w = res.get("winner") or {}
+                say(f"job {job['id']}: uploaded {res['recorded']} measurements; winner "
+                    f"{(w.get('strategy') or {}).get('method', '-')} x{w.get('speedup', float('nan')):.3f}")
+            except Exception as e:  # noqa: BLE001 - the job fails, the worker goes on
+                status, error = "failed", f"{type(e).__name__}: {e}"[:5000]
+                say(f"job {job['id']}: failed: {error}")
+            _check(http.post(f"/v1/jobs/{job['id']}/finish",
+                             json={"worker": worker, "status": status, "error": error}), "finishing the job")
+            done += 1

@@ -1,0 +1,175 @@
+"""The architecture as tests: module size, no import cycle, a light runtime import.
+
+These read the source tree (and run one fresh interpreter); they fail with the offending module,
+cycle or loaded package named, so a change that breaks the layout says where.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("autotuner", "db", "service")
+MAX_LINES = 500
+
+
+def _modules() -> dict[str, Path]:
+    """Dotted module name -> file, for every module of our packages (migrations excepted)."""
+    out = {}
+    for pkg in PACKAGES:
+        for path in sorted((REPO / pkg).rglob("*.py")):
+            rel = path.relative_to(REPO)
+            if "migrations" in rel.parts:
+                continue
+            parts = list(rel.with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join(parts)] = path
+    return out
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The project modules `name` imports anywhere in its file (top level or inside functions)."""
+    is_pkg = path.name == "__init__.py"
+    package = name if is_pkg else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                up = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                base = ".".join(up + ([base] if base else []))
+            # `from pkg import mod` imports the module pkg.mod; `from mod import name` the module
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+        else:
+            continue
+        found.update(t for t in targets if t in modules and t != name)
+    return found
+
+
+def test_no_module_is_over_500_lines() -> None:
+    long = {str(p.relative_to(REPO)): n for p in _modules().values()
+            if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines (split them by concern): {long}"
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    sys.setrecursionlimit(max(10_000, sys.getrecursionlimit()))
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_no_import_cycle() -> None:
+    modules = _modules()
+    graph = {name: _imports(name, path, modules) for name, path in modules.items()}
+    assert _cycles(graph) == []
+
+
+def test_the_cycle_check_finds_a_cycle() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_dependencies_point_one_way() -> None:
+    """db imports of autotuner only its light core (errors, settings); autotuner's runtime
+    imports no db, service or tuner code; nothing of autotuner imports service."""
+    modules = _modules()
+    graph = {name: _imports(name, path, modules) for name, path in modules.items()}
+    allowed_core = {"autotuner.errors", "autotuner.settings"}
+    bad = []
+    for name, deps in graph.items():
+        for d in deps:
+            top, dtop = name.split(".")[0], d.split(".")[0]
+            if top == "db" and dtop == "autotuner" and d not in allowed_core:
+                bad.append((name, d))
+            if top == "autotuner" and dtop == "service":
+                bad.append((name, d))
+            if name.startswith("autotuner.runtime") and (dtop in ("db", "service")
+                                                         or d.startswith(("autotuner.tune", "autotuner.cli"))):
+                bad.append((name, d))
+            if name.startswith("autotuner.strategies") and (dtop in ("db", "service")
+                                                            or d.startswith("autotuner.tune")):
+                bad.append((name, d))
+    assert not bad, f"imports against the layout's direction: {sorted(bad)}"
+
+
+HEAVY = ("sqlalchemy", "alembic", "fastapi", "optuna")
+
+_TRAINING_JOB = """
+import json, sys
+import autotuner
+light = sorted({m.split(".")[0] for m in sys.modules} & set(HEAVY))
+import jax, jax.numpy as jnp
+from jax.sharding import NamedSharding, PartitionSpec as P
+mesh = jax.make_mesh((4,), ("model",), axis_types=(jax.sharding.AxisType.Explicit,))
+x = jax.device_put(jnp.ones((2, 64, 32)), NamedSharding(mesh, P(None, "model", None)))
+w = jax.device_put(jnp.ones((32, 128)), NamedSharding(mesh, P(None, "model")))
+f = jax.jit(lambda x, w: autotuner.collective_einsum("bsd,df->bsf", x, w, mesh=mesh,
+                                                     out_spec=P(None, None, "model"), strategy="auto"))
+out = f(x, w)
+import numpy as np
+ok = bool(np.allclose(np.asarray(out), np.einsum("bsd,df->bsf", np.asarray(x), np.asarray(w))))
+print(json.dumps({"import": light, "job": sorted({m.split(".")[0] for m in sys.modules} & set(HEAVY)),
+                  "ok": ok}))
+"""
+
+
+def test_runtime_path_loads_no_database_web_or_optuna_code(tmp_path: Path) -> None:
+    """`import autotuner` and a jitted collective_einsum(strategy="auto") in a fresh interpreter,
+    with a service URL set (the client asks it over HTTP): none of the heavy stacks load."""
+    env = {"PATH": "/usr/bin:/bin", "JAX_PLATFORMS": "cpu", "HOME": str(tmp_path),
+           "XLA_FLAGS": "--xla_force_host_platform_device_count=4",
+           "AUTOTUNER_SERVICE_URL": "http://127.0.0.1:9",  # nothing listens: baseline, one warning
+           "AUTOTUNER_CACHE_DIR": str(tmp_path / "cache")}
+    code = f"HEAVY = {HEAVY!r}\n" + _TRAINING_JOB
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         cwd=REPO, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    assert got == {"import": [], "job": [], "ok": True}, got
+
+
+def test_the_light_import_check_sees_a_heavy_import(tmp_path: Path) -> None:
+    """The same probe, after importing the tuner's database layer, reports sqlalchemy."""
+    code = (f"HEAVY = {HEAVY!r}\nimport json, sys\nimport autotuner.tune.store, db\n"
+            "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & set(HEAVY))))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
+                         env={"PATH": "/usr/bin:/bin", "JAX_PLATFORMS": "cpu", "HOME": str(tmp_path)},
+                         timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "sqlalchemy" in json.loads(res.stdout.strip().splitlines()[-1])
