@@ -1,12 +1,20 @@
-"""ORM rows -> frozen records (private to :mod:`db`)."""
+"""ORM rows -> frozen records (private to :mod:`db`), one converter per record, each derived
+from the record's field list (:func:`row_converter`).
+
+``winner_record(row, device_key, problem_key)`` and ``calibration_record(row, device_key)``
+take the values of the record's joined fields after the row.
+"""
 
 from __future__ import annotations
 
 import copy
-from typing import Any
+import typing
+from collections.abc import Callable
+from typing import Any, TypeVar
 
-from db.models import Demand, Device, Measurement, Problem, Token, TuningJob
+from db.fields import Spec, specs
 from db.records import (
+    CalibrationRecord,
     DemandRecord,
     DeviceRecord,
     JobRecord,
@@ -16,130 +24,40 @@ from db.records import (
     WinnerRecord,
 )
 
-
-def _obj(value: Any) -> Any:
-    return copy.deepcopy(value)
+R = TypeVar("R")
 
 
-def device_record(row: Device) -> DeviceRecord:
-    return DeviceRecord(
-        id=row.id,
-        key=row.key,
-        platform=row.platform,
-        device_kind=row.device_kind,
-        num_devices=row.num_devices,
-        num_processes=row.num_processes,
-        topology=row.topology,
-        jax_version=row.jax_version,
-        jaxlib_version=row.jaxlib_version,
-        created_at=row.created_at,
-    )
+def _copier(spec: Spec) -> Callable[[Any], Any] | None:
+    if spec.kind is dict:  # a fresh copy: changing a record never changes the database's row
+        return copy.deepcopy
+    if spec.kind is tuple:  # a JSON list; its items as the record's type says
+        (item, *_) = typing.get_args(spec.hint)
+        return lambda xs: tuple(item(x) for x in xs)
+    return None
 
 
-def problem_record(row: Problem) -> ProblemRecord:
-    return ProblemRecord(
-        id=row.id,
-        key=row.key,
-        canonical=_obj(row.canonical),
-        equation=row.equation,
-        pattern=row.pattern,
-        dtype=row.dtype,
-        mesh_size=row.mesh_size,
-        m=row.m,
-        n=row.n,
-        k=row.k,
-        b=row.b,
-        flops=row.flops,
-        comm_bytes=row.comm_bytes,
-        created_at=row.created_at,
-    )
+def row_converter(record: type[R]) -> Callable[..., R]:
+    """``convert(row, *joined)`` -> a ``record`` from a row (an ORM object or a result row)
+    holding every field of the record's table, and the values of its :func:`joined` fields
+    in their order."""
+    own = [(s.name, _copier(s)) for s in specs(record) if not s.joined]
+    joined_names = [s.name for s in specs(record) if s.joined]
+
+    def convert(row: Any, *joined_values: Any) -> R:
+        values = {n: getattr(row, n) if c is None else c(getattr(row, n)) for n, c in own}
+        values.update(zip(joined_names, joined_values, strict=True))
+        return record(**values)
+
+    convert.__name__ = convert.__qualname__ = f"to_{record.__name__}"
+    return convert
 
 
-def measurement_record(row: Measurement) -> MeasurementRecord:
-    return MeasurementRecord(
-        id=row.id,
-        problem_id=row.problem_id,
-        device_id=row.device_id,
-        strategy=_obj(row.strategy),
-        strategy_key=row.strategy_key,
-        method=row.method,
-        status=row.status,
-        reason=row.reason,
-        samples=tuple(float(x) for x in row.samples),
-        median_s=row.median_s,
-        iqr_s=row.iqr_s,
-        min_s=row.min_s,
-        n=row.n,
-        ratio=row.ratio,
-        ratio_lo=row.ratio_lo,
-        ratio_hi=row.ratio_hi,
-        compile_s=row.compile_s,
-        memory=_obj(row.memory),
-        run_id=row.run_id,
-        host=row.host,
-        created_at=row.created_at,
-    )
 
-
-def winner_record(row: Any, device_key: str, problem_key: str) -> WinnerRecord:
-    return WinnerRecord(
-        id=row.id,
-        device_id=row.device_id,
-        problem_id=row.problem_id,
-        device_key=device_key,
-        problem_key=problem_key,
-        strategy=_obj(row.strategy),
-        strategy_key=row.strategy_key,
-        method=row.method,
-        speedup=row.speedup,
-        speedup_lo=row.speedup_lo,
-        speedup_hi=row.speedup_hi,
-        baseline_s=row.baseline_s,
-        winner_s=row.winner_s,
-        measurement_ids=tuple(int(x) for x in row.measurement_ids),
-        trials=row.trials,
-        created_at=row.created_at,
-        updated_at=row.updated_at,
-    )
-
-
-def job_record(row: TuningJob) -> JobRecord:
-    return JobRecord(
-        id=row.id,
-        problem_key=row.problem_key,
-        problem=_obj(row.problem),
-        device_key=row.device_key,
-        device=_obj(row.device),
-        status=row.status,
-        priority=row.priority,
-        params=_obj(row.params),
-        worker=row.worker,
-        lease_expires_at=row.lease_expires_at,
-        attempts=row.attempts,
-        error=row.error,
-        created_at=row.created_at,
-        updated_at=row.updated_at,
-    )
-
-
-def demand_record(row: Demand) -> DemandRecord:
-    return DemandRecord(
-        id=row.id,
-        device_key=row.device_key,
-        device=_obj(row.device),
-        problem_key=row.problem_key,
-        problem=_obj(row.problem),
-        count=row.count,
-        first_seen=row.first_seen,
-        last_seen=row.last_seen,
-    )
-
-
-def token_record(row: Token) -> TokenRecord:
-    return TokenRecord(
-        id=row.id,
-        name=row.name,
-        scope=row.scope,
-        created_at=row.created_at,
-        revoked_at=row.revoked_at,
-    )
+calibration_record = row_converter(CalibrationRecord)
+demand_record = row_converter(DemandRecord)
+device_record = row_converter(DeviceRecord)
+job_record = row_converter(JobRecord)
+measurement_record = row_converter(MeasurementRecord)
+problem_record = row_converter(ProblemRecord)
+token_record = row_converter(TokenRecord)
+winner_record = row_converter(WinnerRecord)
