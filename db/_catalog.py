@@ -41,6 +41,16 @@ def _upsert_by_key(s: Session, model: type[M], values: dict[str, Any]) -> M:
     ).scalar_one()
 
 
+def _by_id(s: Session, model: type[Base], convert: Any, row_id: int) -> Any:
+    row = s.get(model, row_id)
+    return convert(row) if row is not None else None
+
+
+def _by_key(s: Session, model: type[Base], convert: Any, key: str) -> Any:
+    row = s.scalars(select(model).where(model.key == key)).one_or_none()  # type: ignore[attr-defined]
+    return convert(row) if row is not None else None
+
+
 # --------------------------------------------------------------------------- devices
 
 
@@ -56,13 +66,11 @@ def upsert_device(s: Session, **values: Any) -> DeviceRecord:
 
 
 def get_device(s: Session, device_id: int) -> DeviceRecord | None:
-    row = s.get(Device, device_id)
-    return device_record(row) if row is not None else None
+    return _by_id(s, Device, device_record, device_id)  # type: ignore[no-any-return]
 
 
 def get_device_by_key(s: Session, key: str) -> DeviceRecord | None:
-    row = s.scalars(select(Device).where(Device.key == key)).one_or_none()
-    return device_record(row) if row is not None else None
+    return _by_key(s, Device, device_record, key)  # type: ignore[no-any-return]
 
 
 def list_devices(s: Session) -> list[DeviceRecord]:
@@ -84,10 +92,8 @@ def upsert_problem(s: Session, **values: Any) -> ProblemRecord:
 
 
 def get_problem(s: Session, problem_id: int) -> ProblemRecord | None:
-    row = s.get(Problem, problem_id)
-    return problem_record(row) if row is not None else None
+    return _by_id(s, Problem, problem_record, problem_id)  # type: ignore[no-any-return]
 
 
 def get_problem_by_key(s: Session, key: str) -> ProblemRecord | None:
-    row = s.scalars(select(Problem).where(Problem.key == key)).one_or_none()
-    return problem_record(row) if row is not None else None
+    return _by_key(s, Problem, problem_record, key)  # type: ignore[no-any-return]

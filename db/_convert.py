@@ -12,17 +12,8 @@ import typing
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from db import records as r
 from db.fields import Spec, specs
-from db.records import (
-    CalibrationRecord,
-    DemandRecord,
-    DeviceRecord,
-    JobRecord,
-    MeasurementRecord,
-    ProblemRecord,
-    TokenRecord,
-    WinnerRecord,
-)
 
 R = TypeVar("R")
 
@@ -53,11 +44,11 @@ def row_converter(record: type[R]) -> Callable[..., R]:
 
 
 
-calibration_record = row_converter(CalibrationRecord)
-demand_record = row_converter(DemandRecord)
-device_record = row_converter(DeviceRecord)
-job_record = row_converter(JobRecord)
-measurement_record = row_converter(MeasurementRecord)
-problem_record = row_converter(ProblemRecord)
-token_record = row_converter(TokenRecord)
-winner_record = row_converter(WinnerRecord)
+calibration_record = row_converter(r.CalibrationRecord)
+demand_record = row_converter(r.DemandRecord)
+device_record = row_converter(r.DeviceRecord)
+job_record = row_converter(r.JobRecord)
+measurement_record = row_converter(r.MeasurementRecord)
+problem_record = row_converter(r.ProblemRecord)
+token_record = row_converter(r.TokenRecord)
+winner_record = row_converter(r.WinnerRecord)
