@@ -10,7 +10,7 @@ the record's types: ``X | None`` is nullable, a text field is ``VARCHAR(n)`` as 
 JSON, ``id`` is the primary key and a required timestamp defaults to now. A model spells out
 only what a record cannot say: foreign keys, indexes, constraints, defaults, and columns no
 record shows (a problem's log features, a token's hash); a column declared in the class body
-replaces the derived one.
+replaces the derived one, and ``defaults={name: value}`` gives derived ones an insert default.
 
 Conventions: every constraint and index is named (``NAMING_CONVENTION``) so migrations can
 refer to them on every backend; timestamps are timezone-aware UTC (:class:`UTCDateTime`);
@@ -119,7 +119,7 @@ def _in(column: str, values: tuple[str, ...]) -> str:
     return f"{column} IN ({', '.join(repr(v) for v in values)})"
 
 
-def _column(spec: Spec) -> tuple[Any, Any]:
+def _column(spec: Spec, defaults: dict[str, Any]) -> tuple[Any, Any]:
     """The ``Mapped[...]`` annotation and the ``mapped_column`` of a record's field."""
     stored: Any = {tuple: list[Any], dict: dict[str, Any]}.get(spec.kind, spec.hint)
     annotation = Mapped[stored | None] if spec.optional else Mapped[stored]  # type: ignore[valid-type]
@@ -130,7 +130,9 @@ def _column(spec: Spec) -> tuple[Any, Any]:
     if spec.name == "id":
         args.append(Integer())
         kwargs["primary_key"] = True
-    if spec.kind is datetime and not spec.optional:
+    if spec.name in defaults:
+        kwargs["default"] = defaults[spec.name]
+    elif spec.kind is datetime and not spec.optional:
         kwargs["default"] = utcnow
     return annotation, mapped_column(*args, **kwargs)
 
@@ -149,8 +151,10 @@ class Base(DeclarativeBase):
         float: Double(),
     }
 
-    def __init_subclass__(cls, record: type | None = None, **kw: Any) -> None:
-        # The record's fields become columns before the declarative scan reads the class.
+    def __init_subclass__(cls, record: type | None = None,
+                          defaults: dict[str, Any] | None = None, **kw: Any) -> None:
+        # The record's fields become columns (with these Python-side insert defaults) before
+        # the declarative scan reads the class.
         if record is not None:
             annotations = cls.__dict__.get("__annotations__")
             if annotations is None:
@@ -159,7 +163,7 @@ class Base(DeclarativeBase):
             for spec in specs(record):
                 if spec.joined or spec.name in cls.__dict__:
                     continue
-                annotations[spec.name], column = _column(spec)
+                annotations[spec.name], column = _column(spec, defaults or {})
                 setattr(cls, spec.name, column)
         super().__init_subclass__(**kw)
 
@@ -192,7 +196,7 @@ class Problem(Base, record=ProblemRecord):
     lb: Mapped[float]
 
 
-class Measurement(Base, record=MeasurementRecord):
+class Measurement(Base, record=MeasurementRecord, defaults={"n": 0}):
     """One timed strategy of one problem on one device (a tuning trial)."""
 
     __tablename__ = "measurements"
@@ -204,7 +208,6 @@ class Measurement(Base, record=MeasurementRecord):
 
     problem_id: Mapped[int] = _parent("problems")
     device_id: Mapped[int] = _parent("devices")
-    n: Mapped[int] = mapped_column(default=0)
 
 
 class Winner(Base, record=WinnerRecord):
@@ -222,7 +225,7 @@ class Winner(Base, record=WinnerRecord):
     problem_id: Mapped[int] = _parent("problems")
 
 
-class TuningJob(Base, record=JobRecord):
+class TuningJob(Base, record=JobRecord, defaults={"status": "queued", "priority": 0, "attempts": 0}):
     """A request to tune one problem on one device, claimed by workers under a lease.
 
     The problem and device travel as JSON (with their keys) so a job can exist before the
@@ -244,18 +247,12 @@ class TuningJob(Base, record=JobRecord):
         ),
     )
 
-    status: Mapped[str] = mapped_column(String(16), default="queued")
-    priority: Mapped[int] = mapped_column(default=0)
-    attempts: Mapped[int] = mapped_column(default=0)
 
-
-class Demand(Base, record=DemandRecord):
+class Demand(Base, record=DemandRecord, defaults={"count": 1}):
     """Lookup misses per (device, problem): how often a shape was asked for but not tuned."""
 
     __tablename__ = "demand"
     __table_args__ = (UniqueConstraint("device_key", "problem_key"), Index(None, "last_seen"))
-
-    count: Mapped[int] = mapped_column(default=1)
 
 
 class Token(Base, record=TokenRecord):
