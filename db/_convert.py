@@ -8,6 +8,7 @@ take the values of the record's joined fields after the row.
 from __future__ import annotations
 
 import copy
+import operator
 import typing
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -23,25 +24,33 @@ def _copier(spec: Spec) -> Callable[[Any], Any] | None:
         return copy.deepcopy
     if spec.kind is tuple:  # a JSON list; its items as the record's type says
         (item, *_) = typing.get_args(spec.hint)
-        return lambda xs: tuple(item(x) for x in xs)
+        return lambda xs: tuple(map(item, xs))
     return None
 
 
 def row_converter(record: type[R]) -> Callable[..., R]:
     """``convert(row, *joined)`` -> a ``record`` from a row (an ORM object or a result row)
     holding every field of the record's table, and the values of its :func:`joined` fields
-    in their order."""
-    own = [(s.name, _copier(s)) for s in specs(record) if not s.joined]
-    joined_names = [s.name for s in specs(record) if s.joined]
+    in their order. Kept lean: it is on the service's lookup path."""
+    fields = specs(record)
+    own = [s for s in fields if not s.joined]
+    get = operator.attrgetter(*(s.name for s in own))
+    copies = [(i, c) for i, s in enumerate(own) if (c := _copier(s)) is not None]
+    joined_at = [i for i, s in enumerate(fields) if s.joined]  # ascending: inserted in order
 
     def convert(row: Any, *joined_values: Any) -> R:
-        values = {n: getattr(row, n) if c is None else c(getattr(row, n)) for n, c in own}
-        values.update(zip(joined_names, joined_values, strict=True))
-        return record(**values)
+        values = list(get(row)) if len(own) > 1 else [get(row)]
+        for i, c in copies:
+            values[i] = c(values[i])
+        if len(joined_values) != len(joined_at):
+            raise ValueError(f"{record.__name__} needs {len(joined_at)} joined values, "
+                             f"got {len(joined_values)}")
+        for i, value in zip(joined_at, joined_values, strict=True):
+            values.insert(i, value)
+        return record(*values)
 
     convert.__name__ = convert.__qualname__ = f"to_{record.__name__}"
     return convert
-
 
 
 calibration_record = row_converter(r.CalibrationRecord)
