@@ -3,15 +3,22 @@
 from __future__ import annotations
 
 import math
+import typing
+from collections.abc import Mapping
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from db.models import utcnow
+from db.fields import Spec
 
 MAX_PAGE = 1000
+
+
+def utcnow() -> datetime:
+    """The current time, timezone-aware, in UTC."""
+    return datetime.now(UTC)
 
 
 def dialect(s: Session) -> str:
@@ -100,3 +107,45 @@ def named_lock(s: Session, name: str) -> None:
         from sqlalchemy import text
 
         s.execute(text("SELECT pg_advisory_xact_lock(hashtextextended(:name, 0))"), {"name": name})
+
+
+def check_value(spec: Spec, value: Any, name: str) -> Any:
+    """``value`` for the field ``spec`` (named ``name`` in errors), or ValueError: text within
+    its length, numbers finite and >= 0 (integers >= their minimum), JSON objects as dicts,
+    lists of such numbers as lists."""
+    if value is None and spec.optional:
+        return None
+    if spec.kind is str:
+        return text_field(value, name, max_len=spec.max_len or 0, optional=spec.optional)
+    if spec.kind is float:
+        return finite(value, name, minimum=0.0)
+    if spec.kind is int:
+        minimum = spec.minimum if spec.minimum is not None else 0
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise ValueError(f"{name} must be an integer >= {minimum}, not {value!r}")
+        return value
+    if spec.kind is dict:
+        return json_object(value, name)
+    if spec.kind is tuple:  # a JSON list of numbers
+        if not isinstance(value, list | tuple):
+            raise ValueError(f"{name} must be a list")
+        (item_type, *_) = typing.get_args(spec.hint)
+        item = Spec(name=spec.name, hint=item_type, kind=item_type, optional=False)
+        return [check_value(item, x, f"{name}[{j}]") for j, x in enumerate(value)]
+    if spec.kind is datetime:
+        if not isinstance(value, datetime):
+            raise ValueError(f"{name} must be a datetime")
+        return value
+    raise ValueError(f"{name}: no check for {spec.hint!r}")  # pragma: no cover - specs() refuses
+
+
+def check_values(fields: Mapping[str, Spec], values: Mapping[str, Any],
+                 where: str | None = None) -> dict[str, Any]:
+    """Every field of ``fields`` checked (:func:`check_value`); a missing optional one is
+    ``None``, a missing required one or an unknown name is a ValueError naming it (as
+    ``WHERE.NAME`` when ``where`` is given, e.g. ``items[3].host``)."""
+    unknown = set(values) - set(fields)
+    if unknown:
+        raise ValueError(f"{where or 'values'} has unknown fields {sorted(unknown)}")
+    return {name: check_value(spec, values.get(name), f"{where}.{name}" if where else name)
+            for name, spec in fields.items()}

@@ -1,145 +1,63 @@
-"""ORM rows -> frozen records (private to :mod:`db`)."""
+"""ORM rows -> frozen records (private to :mod:`db`), one converter per record, each derived
+from the record's field list (:func:`row_converter`).
+
+``winner_record(row, device_key, problem_key)`` and ``calibration_record(row, device_key)``
+take the values of the record's joined fields after the row.
+"""
 
 from __future__ import annotations
 
 import copy
-from typing import Any
+import operator
+import typing
+from collections.abc import Callable
+from typing import Any, TypeVar
 
-from db.models import Demand, Device, Measurement, Problem, Token, TuningJob
-from db.records import (
-    DemandRecord,
-    DeviceRecord,
-    JobRecord,
-    MeasurementRecord,
-    ProblemRecord,
-    TokenRecord,
-    WinnerRecord,
-)
+from db import records as r
+from db.fields import Spec, specs
+
+R = TypeVar("R")
 
 
-def _obj(value: Any) -> Any:
-    return copy.deepcopy(value)
+def _copier(spec: Spec) -> Callable[[Any], Any] | None:
+    if spec.kind is dict:  # a fresh copy: changing a record never changes the database's row
+        return copy.deepcopy
+    if spec.kind is tuple:  # a JSON list; its items as the record's type says
+        (item, *_) = typing.get_args(spec.hint)
+        return lambda xs: tuple(map(item, xs))
+    return None
 
 
-def device_record(row: Device) -> DeviceRecord:
-    return DeviceRecord(
-        id=row.id,
-        key=row.key,
-        platform=row.platform,
-        device_kind=row.device_kind,
-        num_devices=row.num_devices,
-        num_processes=row.num_processes,
-        topology=row.topology,
-        jax_version=row.jax_version,
-        jaxlib_version=row.jaxlib_version,
-        created_at=row.created_at,
-    )
+def row_converter(record: type[R]) -> Callable[..., R]:
+    """``convert(row, *joined)`` -> a ``record`` from a row (an ORM object or a result row)
+    holding every field of the record's table, and the values of its :func:`joined` fields
+    in their order. Kept lean: it is on the service's lookup path."""
+    fields = specs(record)
+    own = [s for s in fields if not s.joined]
+    get = operator.attrgetter(*(s.name for s in own))
+    copies = [(i, c) for i, s in enumerate(own) if (c := _copier(s)) is not None]
+    joined_at = [i for i, s in enumerate(fields) if s.joined]  # ascending: inserted in order
+
+    def convert(row: Any, *joined_values: Any) -> R:
+        values = list(get(row)) if len(own) > 1 else [get(row)]
+        for i, c in copies:
+            values[i] = c(values[i])
+        if len(joined_values) != len(joined_at):
+            raise ValueError(f"{record.__name__} needs {len(joined_at)} joined values, "
+                             f"got {len(joined_values)}")
+        for i, value in zip(joined_at, joined_values, strict=True):
+            values.insert(i, value)
+        return record(*values)
+
+    convert.__name__ = convert.__qualname__ = f"to_{record.__name__}"
+    return convert
 
 
-def problem_record(row: Problem) -> ProblemRecord:
-    return ProblemRecord(
-        id=row.id,
-        key=row.key,
-        canonical=_obj(row.canonical),
-        equation=row.equation,
-        pattern=row.pattern,
-        dtype=row.dtype,
-        mesh_size=row.mesh_size,
-        m=row.m,
-        n=row.n,
-        k=row.k,
-        b=row.b,
-        flops=row.flops,
-        comm_bytes=row.comm_bytes,
-        created_at=row.created_at,
-    )
-
-
-def measurement_record(row: Measurement) -> MeasurementRecord:
-    return MeasurementRecord(
-        id=row.id,
-        problem_id=row.problem_id,
-        device_id=row.device_id,
-        strategy=_obj(row.strategy),
-        strategy_key=row.strategy_key,
-        method=row.method,
-        status=row.status,
-        reason=row.reason,
-        samples=tuple(float(x) for x in row.samples),
-        median_s=row.median_s,
-        iqr_s=row.iqr_s,
-        min_s=row.min_s,
-        n=row.n,
-        ratio=row.ratio,
-        ratio_lo=row.ratio_lo,
-        ratio_hi=row.ratio_hi,
-        compile_s=row.compile_s,
-        memory=_obj(row.memory),
-        run_id=row.run_id,
-        host=row.host,
-        created_at=row.created_at,
-    )
-
-
-def winner_record(row: Any, device_key: str, problem_key: str) -> WinnerRecord:
-    return WinnerRecord(
-        id=row.id,
-        device_id=row.device_id,
-        problem_id=row.problem_id,
-        device_key=device_key,
-        problem_key=problem_key,
-        strategy=_obj(row.strategy),
-        strategy_key=row.strategy_key,
-        method=row.method,
-        speedup=row.speedup,
-        speedup_lo=row.speedup_lo,
-        speedup_hi=row.speedup_hi,
-        baseline_s=row.baseline_s,
-        winner_s=row.winner_s,
-        measurement_ids=tuple(int(x) for x in row.measurement_ids),
-        trials=row.trials,
-        created_at=row.created_at,
-        updated_at=row.updated_at,
-    )
-
-
-def job_record(row: TuningJob) -> JobRecord:
-    return JobRecord(
-        id=row.id,
-        problem_key=row.problem_key,
-        problem=_obj(row.problem),
-        device_key=row.device_key,
-        device=_obj(row.device),
-        status=row.status,
-        priority=row.priority,
-        params=_obj(row.params),
-        worker=row.worker,
-        lease_expires_at=row.lease_expires_at,
-        attempts=row.attempts,
-        error=row.error,
-        created_at=row.created_at,
-        updated_at=row.updated_at,
-    )
-
-
-def demand_record(row: Demand) -> DemandRecord:
-    return DemandRecord(
-        id=row.id,
-        device_key=row.device_key,
-        device=_obj(row.device),
-        problem_key=row.problem_key,
-        problem=_obj(row.problem),
-        count=row.count,
-        first_seen=row.first_seen,
-        last_seen=row.last_seen,
-    )
-
-
-def token_record(row: Token) -> TokenRecord:
-    return TokenRecord(
-        id=row.id,
-        name=row.name,
-        scope=row.scope,
-        created_at=row.created_at,
-        revoked_at=row.revoked_at,
-    )
+calibration_record = row_converter(r.CalibrationRecord)
+demand_record = row_converter(r.DemandRecord)
+device_record = row_converter(r.DeviceRecord)
+job_record = row_converter(r.JobRecord)
+measurement_record = row_converter(r.MeasurementRecord)
+problem_record = row_converter(r.ProblemRecord)
+token_record = row_converter(r.TokenRecord)
+winner_record = row_converter(r.WinnerRecord)

@@ -8,16 +8,29 @@ from typing import Any
 from sqlalchemy import and_, func, or_, select, text, update
 from sqlalchemy.orm import Session
 
-from db._common import check_page, dialect, insert, json_object, now_utc, seconds, text_field
+from db._common import (
+    check_page,
+    check_value,
+    check_values,
+    dialect,
+    insert,
+    now_utc,
+    seconds,
+    text_field,
+)
 from db._convert import demand_record, job_record
 from db.errors import LeaseError, NotFoundError, StorageError
-from db.models import KEY_LEN, Demand, Device, Problem, TuningJob, Winner
+from db.fields import fields_of
+from db.models import Demand, Device, Problem, TuningJob, Winner
 from db.records import DemandRecord, JobRecord, Page
 
 ACTIVE = ("queued", "running")
 FINAL = ("done", "failed")
 _ACTIVE_SQL = "status IN ('queued', 'running')"
 _CLAIM_TRIES = 8
+_JOB = fields_of(JobRecord)
+_ENQUEUED = fields_of(JobRecord, ("problem_key", "problem", "device_key", "device", "params"))
+_MISSED = fields_of(DemandRecord, ("device_key", "device", "problem_key", "problem"))
 
 
 # --------------------------------------------------------------------------- jobs
@@ -55,18 +68,10 @@ def enqueue_job(
     if isinstance(priority, bool) or not isinstance(priority, int):
         raise ValueError(f"priority must be an integer, not {priority!r}")
     ts = now_utc(now)
-    values = {
-        "problem_key": text_field(problem_key, "problem_key", max_len=KEY_LEN),
-        "problem": json_object(problem, "problem"),
-        "device_key": text_field(device_key, "device_key", max_len=KEY_LEN),
-        "device": json_object(device, "device"),
-        "params": json_object(params if params is not None else {}, "params"),
-        "priority": priority,
-        "status": "queued",
-        "attempts": 0,
-        "created_at": ts,
-        "updated_at": ts,
-    }
+    values = check_values(_ENQUEUED, {"problem_key": problem_key, "problem": problem,
+                                      "device_key": device_key, "device": device,
+                                      "params": params if params is not None else {}})
+    values.update(priority=priority, status="queued", attempts=0, created_at=ts, updated_at=ts)
     for _ in range(3):  # the active job may finish between the insert and the select
         stmt = (
             insert(s, TuningJob)
@@ -112,7 +117,7 @@ def claim_job(
     PostgreSQL) and then taken with an UPDATE that re-checks the claimable condition; a lost
     race (rowcount 0) moves on to the next candidate.
     """
-    worker = text_field(worker, "worker", max_len=256) or ""
+    worker = text_field(worker, "worker", max_len=_JOB["worker"].max_len or 0) or ""  # required here
     ts = now_utc(now)
     lease = seconds(lease_seconds, "lease_seconds")
     is_pg = dialect(s) == "postgresql"
@@ -202,7 +207,7 @@ def finish_job(
     ts = now_utc(now)
     values = {
         "status": status,
-        "error": text_field(error, "error", max_len=100_000, optional=True),
+        "error": check_value(_JOB["error"], error, "error"),
         "lease_expires_at": None,
         "updated_at": ts,
     }
@@ -250,15 +255,9 @@ def record_miss(
     """Count one lookup miss of (device, problem): insert with count 1, or add 1 and move
     ``last_seen`` (one atomic upsert; safe under concurrency)."""
     ts = now_utc(now)
-    stmt = insert(s, Demand).values(
-        device_key=text_field(device_key, "device_key", max_len=KEY_LEN),
-        device=json_object(device_json, "device_json"),
-        problem_key=text_field(problem_key, "problem_key", max_len=KEY_LEN),
-        problem=json_object(problem_canonical, "problem_canonical"),
-        count=1,
-        first_seen=ts,
-        last_seen=ts,
-    )
+    values = check_values(_MISSED, {"device_key": device_key, "device": device_json,
+                                    "problem_key": problem_key, "problem": problem_canonical})
+    stmt = insert(s, Demand).values(**values, count=1, first_seen=ts, last_seen=ts)
     stmt = stmt.on_conflict_do_update(
         index_elements=["device_key", "problem_key"],
         set_={"count": Demand.count + 1, "last_seen": stmt.excluded.last_seen},

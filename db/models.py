@@ -4,6 +4,14 @@ These are private to :mod:`db`: the repository returns frozen records (:mod:`db.
 never these rows. The schema is created and changed only by the Alembic migrations in
 ``db/migrations`` (``autotuner db upgrade``); nothing in production calls ``create_all``.
 
+A table's columns are its record's fields (``class Device(Base, record=DeviceRecord)``), in
+the record's types: ``X | None`` is nullable, a text field is ``VARCHAR(n)`` as the record's
+``text(n)`` says (``TEXT`` for ``long_text()``), a JSON list (``tuple[...]``) or object is
+JSON, ``id`` is the primary key and a required timestamp defaults to now. A model spells out
+only what a record cannot say: foreign keys, indexes, constraints, defaults, and columns no
+record shows (a problem's log features, a token's hash); a column declared in the class body
+replaces the derived one, and ``defaults={name: value}`` gives derived ones an insert default.
+
 Conventions: every constraint and index is named (``NAMING_CONVENTION``) so migrations can
 refer to them on every backend; timestamps are timezone-aware UTC (:class:`UTCDateTime`);
 JSON payloads use the generic :class:`sqlalchemy.JSON` type (JSON on PostgreSQL, TEXT on
@@ -33,8 +41,22 @@ from sqlalchemy import (
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from db._common import utcnow
+from db.fields import KEY_LEN, Spec, specs
+from db.records import (
+    CalibrationRecord,
+    DemandRecord,
+    DeviceRecord,
+    JobRecord,
+    MeasurementRecord,
+    ProblemRecord,
+    TokenRecord,
+    WinnerRecord,
+)
+
 __all__ = [
     "JOB_STATUSES",
+    "KEY_LEN",
     "MEASUREMENT_STATUSES",
     "NAMING_CONVENTION",
     "TOKEN_SCOPES",
@@ -62,13 +84,6 @@ NAMING_CONVENTION = {
 MEASUREMENT_STATUSES = ("ok", "failed")
 JOB_STATUSES = ("queued", "running", "done", "failed")
 TOKEN_SCOPES = ("read", "write")
-
-KEY_LEN = 128
-
-
-def utcnow() -> datetime:
-    """The current time, timezone-aware, in UTC."""
-    return datetime.now(UTC)
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -104,6 +119,29 @@ def _in(column: str, values: tuple[str, ...]) -> str:
     return f"{column} IN ({', '.join(repr(v) for v in values)})"
 
 
+def _column(spec: Spec, defaults: dict[str, Any]) -> tuple[Any, Any]:
+    """The ``Mapped[...]`` annotation and the ``mapped_column`` of a record's field."""
+    stored: Any = {tuple: list[Any], dict: dict[str, Any]}.get(spec.kind, spec.hint)
+    annotation = Mapped[stored | None] if spec.optional else Mapped[stored]  # type: ignore[valid-type]
+    args: list[Any] = []
+    kwargs: dict[str, Any] = {}
+    if spec.kind is str:
+        args.append(Text() if spec.long else String(spec.max_len))
+    if spec.name == "id":
+        args.append(Integer())
+        kwargs["primary_key"] = True
+    if spec.name in defaults:
+        kwargs["default"] = defaults[spec.name]
+    elif spec.kind is datetime and not spec.optional:
+        kwargs["default"] = utcnow
+    return annotation, mapped_column(*args, **kwargs)
+
+
+def _parent(table: str) -> Any:
+    """A reference to ``table``'s id; its rows go when the parent goes."""
+    return mapped_column(ForeignKey(f"{table}.id", ondelete="CASCADE"))
+
+
 class Base(DeclarativeBase):
     metadata = MetaData(naming_convention=NAMING_CONVENTION)
     type_annotation_map = {
@@ -113,58 +151,52 @@ class Base(DeclarativeBase):
         float: Double(),
     }
 
+    def __init_subclass__(cls, record: type | None = None,
+                          defaults: dict[str, Any] | None = None, **kw: Any) -> None:
+        # The record's fields become columns (with these Python-side insert defaults) before
+        # the declarative scan reads the class.
+        if record is not None:
+            annotations = cls.__dict__.get("__annotations__")
+            if annotations is None:
+                annotations = {}
+                cls.__annotations__ = annotations
+            for spec in specs(record):
+                if spec.joined or spec.name in cls.__dict__:
+                    continue
+                annotations[spec.name], column = _column(spec, defaults or {})
+                setattr(cls, spec.name, column)
+        super().__init_subclass__(**kw)
 
-class Device(Base):
+
+class Device(Base, record=DeviceRecord):
     """A device fingerprint (``autotuner.Device``); ``key`` is computed by the caller."""
 
     __tablename__ = "devices"
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    key: Mapped[str] = mapped_column(String(KEY_LEN), unique=True)
-    platform: Mapped[str] = mapped_column(String(32))
-    device_kind: Mapped[str] = mapped_column(String(128))
-    num_devices: Mapped[int]
-    num_processes: Mapped[int]
-    topology: Mapped[str | None] = mapped_column(String(128))
-    jax_version: Mapped[str] = mapped_column(String(32))
-    jaxlib_version: Mapped[str] = mapped_column(String(32))
-    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    __table_args__ = (UniqueConstraint("key"),)
 
 
-class Problem(Base):
+class Problem(Base, record=ProblemRecord):
     """A sharded einsum (``autotuner.Problem``) and the features nearest-shape queries use.
 
-    ``m, n, k, b`` are the problem's matmul extents as the caller defines them; ``lm, ln, lk,
-    lb`` are their log2 (values below 1 count as 1), stored at insert time so the distance
-    can be computed in SQL on every backend.
+    ``lm, ln, lk, lb`` are the log2 of ``m, n, k, b`` (values below 1 count as 1), stored at
+    insert time so the distance can be computed in SQL on every backend.
     """
 
     __tablename__ = "problems"
     # nearest-shape queries (repository.nearest_winners): the group, a range on lm, and the
     # other log features so the distance is computed from the index alone
-    __table_args__ = (Index("ix_problems_nearest", "pattern", "dtype", "mesh_size", "lm", "ln", "lk", "lb"),)
+    __table_args__ = (
+        UniqueConstraint("key"),
+        Index("ix_problems_nearest", "pattern", "dtype", "mesh_size", "lm", "ln", "lk", "lb"),
+    )
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    key: Mapped[str] = mapped_column(String(KEY_LEN), unique=True)
-    canonical: Mapped[dict[str, Any]]
-    equation: Mapped[str] = mapped_column(String(256))
-    pattern: Mapped[str] = mapped_column(String(64))
-    dtype: Mapped[str] = mapped_column(String(32))
-    mesh_size: Mapped[int]
-    m: Mapped[float]
-    n: Mapped[float]
-    k: Mapped[float]
-    b: Mapped[float]
-    flops: Mapped[float]
-    comm_bytes: Mapped[float]
     lm: Mapped[float]
     ln: Mapped[float]
     lk: Mapped[float]
     lb: Mapped[float]
-    created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
-class Measurement(Base):
+class Measurement(Base, record=MeasurementRecord, defaults={"n": 0}):
     """One timed strategy of one problem on one device (a tuning trial)."""
 
     __tablename__ = "measurements"
@@ -174,53 +206,26 @@ class Measurement(Base):
         CheckConstraint(_in("status", MEASUREMENT_STATUSES), name="status"),
     )
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    problem_id: Mapped[int] = mapped_column(ForeignKey("problems.id", ondelete="CASCADE"))
-    device_id: Mapped[int] = mapped_column(ForeignKey("devices.id", ondelete="CASCADE"))
-    strategy: Mapped[dict[str, Any]]
-    strategy_key: Mapped[str] = mapped_column(String(256))
-    method: Mapped[str] = mapped_column(String(64))
-    status: Mapped[str] = mapped_column(String(16))
-    reason: Mapped[str | None] = mapped_column(Text)
-    samples: Mapped[list[Any]]
-    median_s: Mapped[float | None]
-    iqr_s: Mapped[float | None]
-    min_s: Mapped[float | None]
-    n: Mapped[int] = mapped_column(default=0)
-    ratio: Mapped[float | None]
-    ratio_lo: Mapped[float | None]
-    ratio_hi: Mapped[float | None]
-    compile_s: Mapped[float | None]
-    memory: Mapped[dict[str, Any] | None]
-    run_id: Mapped[str | None] = mapped_column(String(64))
-    host: Mapped[str | None] = mapped_column(String(256))
-    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    problem_id: Mapped[int] = _parent("problems")
+    device_id: Mapped[int] = _parent("devices")
 
 
-class Winner(Base):
+class Winner(Base, record=WinnerRecord):
     """The current best strategy of one problem on one device, derived from measurements."""
 
     __tablename__ = "winners"
-    __table_args__ = (UniqueConstraint("device_id", "problem_id"), Index(None, "problem_id"))
+    __table_args__ = (
+        UniqueConstraint("device_id", "problem_id"),
+        Index(None, "problem_id"),
+        Index(None, "method"),
+        Index(None, "updated_at"),
+    )
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    device_id: Mapped[int] = mapped_column(ForeignKey("devices.id", ondelete="CASCADE"))
-    problem_id: Mapped[int] = mapped_column(ForeignKey("problems.id", ondelete="CASCADE"))
-    strategy: Mapped[dict[str, Any]]
-    strategy_key: Mapped[str] = mapped_column(String(256))
-    method: Mapped[str] = mapped_column(String(64), index=True)
-    speedup: Mapped[float]
-    speedup_lo: Mapped[float | None]
-    speedup_hi: Mapped[float | None]
-    baseline_s: Mapped[float | None]
-    winner_s: Mapped[float | None]
-    measurement_ids: Mapped[list[Any]]
-    trials: Mapped[int]
-    created_at: Mapped[datetime] = mapped_column(default=utcnow)
-    updated_at: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+    device_id: Mapped[int] = _parent("devices")
+    problem_id: Mapped[int] = _parent("problems")
 
 
-class TuningJob(Base):
+class TuningJob(Base, record=JobRecord, defaults={"status": "queued", "priority": 0, "attempts": 0}):
     """A request to tune one problem on one device, claimed by workers under a lease.
 
     The problem and device travel as JSON (with their keys) so a job can exist before the
@@ -242,53 +247,25 @@ class TuningJob(Base):
         ),
     )
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    problem_key: Mapped[str] = mapped_column(String(KEY_LEN))
-    problem: Mapped[dict[str, Any]]
-    device_key: Mapped[str] = mapped_column(String(KEY_LEN))
-    device: Mapped[dict[str, Any]]
-    status: Mapped[str] = mapped_column(String(16), default="queued")
-    priority: Mapped[int] = mapped_column(default=0)
-    params: Mapped[dict[str, Any]]
-    worker: Mapped[str | None] = mapped_column(String(256))
-    lease_expires_at: Mapped[datetime | None]
-    attempts: Mapped[int] = mapped_column(default=0)
-    error: Mapped[str | None] = mapped_column(Text)
-    created_at: Mapped[datetime] = mapped_column(default=utcnow)
-    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
 
-
-class Demand(Base):
+class Demand(Base, record=DemandRecord, defaults={"count": 1}):
     """Lookup misses per (device, problem): how often a shape was asked for but not tuned."""
 
     __tablename__ = "demand"
-    __table_args__ = (UniqueConstraint("device_key", "problem_key"),)
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    device_key: Mapped[str] = mapped_column(String(KEY_LEN))
-    device: Mapped[dict[str, Any]]
-    problem_key: Mapped[str] = mapped_column(String(KEY_LEN))
-    problem: Mapped[dict[str, Any]]
-    count: Mapped[int] = mapped_column(default=1)
-    first_seen: Mapped[datetime] = mapped_column(default=utcnow)
-    last_seen: Mapped[datetime] = mapped_column(default=utcnow, index=True)
+    __table_args__ = (UniqueConstraint("device_key", "problem_key"), Index(None, "last_seen"))
 
 
-class Token(Base):
+class Token(Base, record=TokenRecord):
     """An API token; only its SHA-256 hex digest is stored."""
 
     __tablename__ = "tokens"
-    __table_args__ = (CheckConstraint(_in("scope", TOKEN_SCOPES), name="scope"),)
+    __table_args__ = (UniqueConstraint("token_hash"),
+                      CheckConstraint(_in("scope", TOKEN_SCOPES), name="scope"))
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    name: Mapped[str] = mapped_column(String(128))
-    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
-    scope: Mapped[str] = mapped_column(String(8))
-    created_at: Mapped[datetime] = mapped_column(default=utcnow)
-    revoked_at: Mapped[datetime | None]
+    token_hash: Mapped[str] = mapped_column(String(64))
 
 
-class Calibration(Base):
+class Calibration(Base, record=CalibrationRecord):
     """A device's cost-model parameters from one calibration run (``autotuner calibrate``).
 
     Append-only: the newest row of a (device, model) is the calibration in use. ``params`` is
@@ -298,10 +275,4 @@ class Calibration(Base):
     __tablename__ = "calibrations"
     __table_args__ = (Index(None, "device_id", "model", "created_at"),)
 
-    id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    device_id: Mapped[int] = mapped_column(ForeignKey("devices.id", ondelete="CASCADE"))
-    model: Mapped[str] = mapped_column(String(64))
-    params: Mapped[dict[str, Any]]
-    raw: Mapped[dict[str, Any] | None]
-    host: Mapped[str | None] = mapped_column(String(256))
-    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    device_id: Mapped[int] = _parent("devices")

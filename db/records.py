@@ -4,15 +4,25 @@ Records are frozen dataclasses, detached from any session, safe to keep after th
 closes and to share between threads. JSON lists come back as tuples; JSON objects come back
 as fresh ``dict`` copies (changing one never changes the database; treat them as read-only).
 Timestamps are timezone-aware UTC.
+
+Each record's field list is written here once, and everything else is derived from it (see
+:mod:`db.fields`): the ORM columns (:mod:`db.models`), the row -> record conversion and the
+checks on write (the repository), :class:`MeasurementInput`, and the service's response and
+upload models (:mod:`service.schemas`). Adding a field to a record is this file plus a
+migration.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Generic, NamedTuple, NotRequired, TypedDict, TypeVar
+from typing import Any, Generic, NamedTuple, NotRequired, TypedDict, TypeVar, get_type_hints
+
+from db.fields import KEY_LEN, at_least, joined, long_text, text
 
 __all__ = [
+    "MEASUREMENT_INPUT_FIELDS",
     "CalibrationRecord",
     "DemandRecord",
     "DeviceRecord",
@@ -26,6 +36,7 @@ __all__ = [
     "TokenRecord",
     "WinnerChoice",
     "WinnerRecord",
+    "measurement_input",
 ]
 
 T = TypeVar("T")
@@ -48,26 +59,31 @@ class Page(Generic[T]):
 @dataclass(frozen=True, slots=True)
 class DeviceRecord:
     id: int
-    key: str
-    platform: str
-    device_kind: str
-    num_devices: int
-    num_processes: int
-    topology: str | None
-    jax_version: str
-    jaxlib_version: str
+    key: str = text(KEY_LEN)
+    platform: str = text(32)
+    device_kind: str = text(128)
+    num_devices: int = at_least(1)
+    num_processes: int = at_least(1)
+    topology: str | None = text(128)
+    jax_version: str = text(32)
+    jaxlib_version: str = text(32)
     created_at: datetime
 
 
 @dataclass(frozen=True, slots=True)
 class ProblemRecord:
+    """A stored problem: ``canonical`` is ``autotuner.Problem``'s canonical dict, ``key`` its
+    hash, ``pattern`` e.g. ``"all_gather:lhs:free"``, ``mesh_size`` the size of the
+    collective's axis; ``m, n, k, b`` (``b`` the batch) its matmul extents, which
+    nearest-shape queries use, and ``flops``/``comm_bytes`` its size. Numbers are >= 0."""
+
     id: int
-    key: str
+    key: str = text(KEY_LEN)
     canonical: dict[str, Any]
-    equation: str
-    pattern: str
-    dtype: str
-    mesh_size: int
+    equation: str = text(256)
+    pattern: str = text(64)
+    dtype: str = text(32)
+    mesh_size: int = at_least(1)
     m: float
     n: float
     k: float
@@ -77,44 +93,23 @@ class ProblemRecord:
     created_at: datetime
 
 
-class MeasurementInput(TypedDict):
-    """One item of :func:`db.repository.record_measurements`.
-
-    ``strategy`` must have a ``"method"`` (``"baseline"`` for the plain collective + einsum).
-    ``ratio`` is baseline time / this time and ``ratio_lo``/``ratio_hi`` its confidence
-    interval, as computed by the caller (``autotuner.measure``). An ``"ok"`` item needs
-    ``median_s``; a ``"failed"`` one should say why in ``reason``.
-    """
-
-    strategy: dict[str, Any]
-    strategy_key: str
-    status: str
-    reason: NotRequired[str | None]
-    samples: NotRequired[list[float]]
-    median_s: NotRequired[float | None]
-    iqr_s: NotRequired[float | None]
-    min_s: NotRequired[float | None]
-    n: NotRequired[int]
-    ratio: NotRequired[float | None]
-    ratio_lo: NotRequired[float | None]
-    ratio_hi: NotRequired[float | None]
-    compile_s: NotRequired[float | None]
-    memory: NotRequired[dict[str, Any] | None]
-    run_id: NotRequired[str | None]
-    host: NotRequired[str | None]
-    created_at: NotRequired[datetime]
-
-
 @dataclass(frozen=True, slots=True)
 class MeasurementRecord:
+    """One timed strategy of one problem on one device (a tuning trial); never changes.
+
+    ``method`` is ``strategy["method"]``; ``status`` ``"ok"`` or ``"failed"`` (then
+    ``reason`` says why). Every number is a time in seconds or a ratio of times (``ratio`` is
+    baseline time / this time, ``ratio_lo``/``ratio_hi`` its confidence interval): >= 0.
+    """
+
     id: int
     problem_id: int
     device_id: int
     strategy: dict[str, Any]
-    strategy_key: str
-    method: str
-    status: str
-    reason: str | None
+    strategy_key: str = text(256)
+    method: str = text(64)
+    status: str = text(16)
+    reason: str | None = long_text()
     samples: tuple[float, ...]
     median_s: float | None
     iqr_s: float | None
@@ -125,8 +120,8 @@ class MeasurementRecord:
     ratio_hi: float | None
     compile_s: float | None
     memory: dict[str, Any] | None
-    run_id: str | None
-    host: str | None
+    run_id: str | None = text(64)
+    host: str | None = text(256)
     created_at: datetime
 
 
@@ -154,14 +149,16 @@ class WinnerChoice:
 
 @dataclass(frozen=True, slots=True)
 class WinnerRecord:
+    """The current best strategy of one problem on one device (see :mod:`db.rule`)."""
+
     id: int
     device_id: int
     problem_id: int
-    device_key: str
-    problem_key: str
+    device_key: str = joined()
+    problem_key: str = joined()
     strategy: dict[str, Any]
-    strategy_key: str
-    method: str
+    strategy_key: str = text(256)
+    method: str = text(64)
     speedup: float
     speedup_lo: float | None
     speedup_hi: float | None
@@ -196,28 +193,32 @@ class ProblemRow:
 
 @dataclass(frozen=True, slots=True)
 class JobRecord:
+    """A request to tune one problem (canonical JSON) on one device (fingerprint JSON)."""
+
     id: int
-    problem_key: str
-    problem: dict[str, Any]
-    device_key: str
-    device: dict[str, Any]
-    status: str
+    status: str = text(16)
     priority: int
+    problem_key: str = text(KEY_LEN)
+    problem: dict[str, Any]
+    device_key: str = text(KEY_LEN)
+    device: dict[str, Any]
     params: dict[str, Any]
-    worker: str | None
+    worker: str | None = text(256)
     lease_expires_at: datetime | None
     attempts: int
-    error: str | None
+    error: str | None = long_text()
     created_at: datetime
     updated_at: datetime
 
 
 @dataclass(frozen=True, slots=True)
 class DemandRecord:
+    """Lookup misses of one (device, problem): how often it was asked for but not tuned."""
+
     id: int
-    device_key: str
+    device_key: str = text(KEY_LEN)
     device: dict[str, Any]
-    problem_key: str
+    problem_key: str = text(KEY_LEN)
     problem: dict[str, Any]
     count: int
     first_seen: datetime
@@ -229,8 +230,8 @@ class TokenRecord:
     """An API token's metadata; the token itself is never stored or returned."""
 
     id: int
-    name: str
-    scope: str
+    name: str = text(128)
+    scope: str = text(8)
     created_at: datetime
     revoked_at: datetime | None
 
@@ -241,9 +242,50 @@ class CalibrationRecord:
 
     id: int
     device_id: int
-    device_key: str
-    model: str
+    device_key: str = joined()
+    model: str = text(64)
     params: dict[str, Any]
     raw: dict[str, Any] | None
-    host: str | None
+    host: str | None = text(256)
     created_at: datetime
+
+
+# -- measurement items ---------------------------------------------------------------------------
+
+# What a caller gives for a measurement: the record's fields but those the database sets (ids,
+# and ``method``, which is ``strategy["method"]``). ``created_at`` is optional (default: now).
+_NOT_INPUT = ("id", "problem_id", "device_id", "method")
+_REQUIRED_INPUT = ("strategy", "strategy_key", "status")
+MEASUREMENT_INPUT_FIELDS = tuple(
+    f.name for f in dataclasses.fields(MeasurementRecord) if f.name not in _NOT_INPUT)
+
+MeasurementInput = TypedDict(  # type: ignore[misc]  # built from MeasurementRecord
+    "MeasurementInput",
+    {name: hint if name in _REQUIRED_INPUT else NotRequired[hint]
+     for name, hint in get_type_hints(MeasurementRecord).items() if name not in _NOT_INPUT},
+)
+MeasurementInput.__doc__ = """One item of :func:`db.repository.record_measurements`: the fields
+of :class:`MeasurementRecord` but ``id``, ``problem_id``, ``device_id`` and ``method``.
+
+``strategy`` must have a ``"method"`` (``"baseline"`` for the plain collective + einsum).
+``ratio`` is baseline time / this time and ``ratio_lo``/``ratio_hi`` its confidence
+interval, as computed by the caller (``autotuner.measure``). An ``"ok"`` item needs
+``median_s``; a ``"failed"`` one should say why in ``reason``. ``strategy``, ``strategy_key``
+and ``status`` are required; ``created_at`` defaults to the time of writing.
+"""
+
+
+def measurement_input(source: Any, **given: Any) -> MeasurementInput:
+    """The :class:`MeasurementInput` of ``source``: each field (``created_at`` aside) from
+    ``given`` if there, else from ``source``'s attribute of that name (a
+    :class:`MeasurementRecord`, an ``autotuner.measure.Candidate``). JSON-ready: the
+    strategy is copied and sequences become lists. This is how the tuner's results become
+    items, both for the local database and for ``POST /v1/results``."""
+    item: dict[str, Any] = {}
+    for name in MEASUREMENT_INPUT_FIELDS:
+        if name == "created_at" and name not in given:
+            continue
+        value = given[name] if name in given else getattr(source, name)
+        item[name] = list(value) if isinstance(value, tuple | list) else value
+    item["strategy"] = dict(item["strategy"])
+    return item  # type: ignore[return-value]

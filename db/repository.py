@@ -20,8 +20,21 @@ Contract kept by every backend (SQLite, PostgreSQL):
 
 from __future__ import annotations
 
+from db import _stats
 from db._calibrations import add_calibration, get_calibration, list_calibrations
+from db._catalog import (
+    get_device,
+    get_device_by_key,
+    get_problem,
+    get_problem_by_key,
+    list_devices,
+    log_feature,
+    upsert_device,
+    upsert_problem,
+)
 from db._common import named_lock
+from db._listing import SORT_KEYS, list_problems
+from db._nearest import nearest_winners
 from db._queue import (
     claim_job,
     enqueue_job,
@@ -33,37 +46,14 @@ from db._queue import (
     record_miss,
 )
 from db._results import (
-    SORT_KEYS,
-    get_device,
-    get_device_by_key,
-    get_problem,
-    get_problem_by_key,
     get_winner,
     get_winners,
-    list_devices,
     list_measurements,
-    list_problems,
     list_winners,
-    log_feature,
-    nearest_winners,
     recompute_winner,
     record_measurements,
-    upsert_device,
-    upsert_problem,
 )
-from db._stats import (
-    Facets,
-    ShapePoint,
-    ShapeSample,
-    SpeedupBin,
-    TunedCount,
-    job_counts,
-    problem_facets,
-    problem_winners,
-    shape_sample,
-    speedup_histogram,
-    tuned_counts,
-)
+from db._stats import *  # noqa: F403  - the dashboard's aggregates, as _stats.__all__ lists
 from db._tokens import add_token, check_token, list_tokens, revoke_token, token_hash
 from db.optuna_storage import OPTUNA_SCHEMA, ensure_optuna_schema, optuna_storage_url
 from db.rule import choose_winner
@@ -107,16 +97,5 @@ __all__ = [
     "token_hash",
     "upsert_device",
     "upsert_problem",
-    # dashboard aggregates (db._stats)
-    "Facets",
-    "ShapePoint",
-    "ShapeSample",
-    "SpeedupBin",
-    "TunedCount",
-    "job_counts",
-    "problem_facets",
-    "problem_winners",
-    "shape_sample",
-    "speedup_histogram",
-    "tuned_counts",
+    *_stats.__all__,
 ]

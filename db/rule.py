@@ -63,31 +63,16 @@ def choose_winner(measurements: Iterable[MeasurementRecord]) -> WinnerChoice | N
     if candidates:
         best = max(candidates, key=lambda m: (m.ratio, m.ratio_lo, -m.id))
         assert best.ratio is not None
-        return WinnerChoice(
-            strategy=dict(best.strategy),
-            strategy_key=best.strategy_key,
-            method=best.method,
-            speedup=best.ratio,
-            speedup_lo=best.ratio_lo,
-            speedup_hi=best.ratio_hi,
-            baseline_s=baseline_s,
-            winner_s=best.median_s,
-            measurement_id=best.id,
-            measurement_ids=evidence,
-            trials=len(all_ms),
-        )
+        return _choice(best, best.ratio, best.ratio_lo, best.ratio_hi, baseline_s, evidence,
+                       len(all_ms))
     if baseline is None:
         return None
-    return WinnerChoice(
-        strategy=dict(baseline.strategy),
-        strategy_key=baseline.strategy_key,
-        method=baseline.method,
-        speedup=1.0,
-        speedup_lo=None,
-        speedup_hi=None,
-        baseline_s=baseline_s,
-        winner_s=baseline_s,
-        measurement_id=baseline.id,
-        measurement_ids=evidence,
-        trials=len(all_ms),
-    )
+    return _choice(baseline, 1.0, None, None, baseline_s, evidence, len(all_ms))
+
+
+def _choice(m: MeasurementRecord, speedup: float, lo: float | None, hi: float | None,
+            baseline_s: float | None, evidence: tuple[int, ...], trials: int) -> WinnerChoice:
+    return WinnerChoice(strategy=dict(m.strategy), strategy_key=m.strategy_key, method=m.method,
+                        speedup=speedup, speedup_lo=lo, speedup_hi=hi, baseline_s=baseline_s,
+                        winner_s=m.median_s, measurement_id=m.id, measurement_ids=evidence,
+                        trials=trials)

@@ -21,6 +21,7 @@ from autotuner.settings import Settings, get_settings
 from db import Database
 from service import errors
 from service.deps import ServiceState
+from service.fields import ParseMemo, ParseMemoMiddleware
 from service.limits import BodyLimitMiddleware
 from service.lookups import LookupEngine
 from service.metrics import Metrics, MetricsMiddleware
@@ -59,14 +60,19 @@ def create_app(settings: Settings | None = None, *, database: Database | None = 
     own_db = database is None
     db = database if database is not None else Database(settings.db_url)
     metrics = Metrics()
+    parse_memo = ParseMemo()
     if model is None:
         from autotuner.costmodel import model_answer  # pure Python: no JAX at import
 
         model = model_answer(db)
     lookups = LookupEngine(db, metrics, cache_seconds=settings.lookup_cache_seconds,
                            nearest_max_distance=settings.nearest_max_distance, model=model,
-                           model_budget_seconds=settings.model_budget_seconds)
-    state = ServiceState(settings=settings, database=db, lookups=lookups, metrics=metrics)
+                           model_budget_seconds=settings.model_budget_seconds,
+                           parse_memo=parse_memo)
+    from service import dashboard  # the HTML pages at / (not in the OpenAPI schema)
+
+    state = ServiceState(settings=settings, database=db, lookups=lookups, metrics=metrics,
+                         parse_memo=parse_memo, assets=dashboard.Assets())
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -87,9 +93,8 @@ def create_app(settings: Settings | None = None, *, database: Database | None = 
     errors.install(app)
     for router in ROUTERS:
         app.include_router(router)
-    from service import dashboard  # the HTML pages at / (not in the OpenAPI schema)
-
     app.include_router(dashboard.router)
+    app.add_middleware(ParseMemoMiddleware, memo=parse_memo)
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=metrics)  # outermost: counts the 413s too
     return app

@@ -54,11 +54,6 @@ def stored_scope(token: str, database: Database) -> Scope | None:
     return scope if scope in ("read", "write") else None  # type: ignore[return-value]
 
 
-def token_scope(token: str, settings: Settings, database: Database) -> Scope | None:
-    """The scope a token grants, or None for an unknown (or revoked) token."""
-    return settings_scope(token, settings) or stored_scope(token, database)
-
-
 async def require(scope: Scope, token: str | None, settings: Settings, database: Database) -> None:
     """Raise 401/403 unless ``token`` grants ``scope``. Settings tokens are checked in the event
     loop; only a token that is not one of them is looked up in the database (in a thread)."""

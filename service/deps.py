@@ -1,6 +1,7 @@
 """Request dependencies as named ``Annotated`` aliases.
 
-- ``StateDep``: the app's :class:`ServiceState` (settings, database, lookup engine, metrics).
+- ``StateDep``: the app's :class:`ServiceState` (settings, database, lookup engine, metrics,
+  the memo of parsed request objects, the dashboard's static files).
 - ``SessionDep``: a transactional session (commits when the route function returns, before the
   response is sent, so a failed commit is the response); ``ReadSessionDep``: the same for pure
   readers (SQLite: deferred BEGIN, runs beside a writer).
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -20,8 +21,12 @@ from sqlalchemy.orm import Session
 from autotuner.settings import Settings
 from db import Database
 from service import auth
+from service.fields import ParseMemo
 from service.lookups import LookupEngine
 from service.metrics import Metrics
+
+if TYPE_CHECKING:
+    from service.dashboard.assets import Assets
 
 
 @dataclass
@@ -30,6 +35,8 @@ class ServiceState:
     database: Database
     lookups: LookupEngine
     metrics: Metrics
+    parse_memo: ParseMemo
+    assets: Assets
 
 
 async def get_state(request: Request) -> ServiceState:

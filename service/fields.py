@@ -8,8 +8,11 @@ whose ``ctx.path`` is the offending part (e.g. ``lhs.spec[1]``); the service's 4
 appends it to ``loc`` (see :mod:`service.errors`). The JSON schemas below only document the
 shapes for OpenAPI; they validate nothing the domain code does not.
 
-Parsing is memoised by the JSON text of the raw input (a compiler sends the same shapes again
-and again), and so are the keys of the parsed objects.
+A compiler sends the same shapes again and again: each app parses through its own
+:class:`ParseMemo` (``ServiceState.parse_memo``), which keeps the parsed objects by the JSON
+text of the raw input, and their keys. Its :class:`ParseMemoMiddleware` makes it the memo of
+the requests to that app (a context variable, set per request); outside a request, parsing is
+not memoised.
 """
 
 from __future__ import annotations
@@ -18,10 +21,12 @@ import dataclasses
 import json
 import math
 import re
+from contextvars import ContextVar
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, Field, PlainSerializer, PlainValidator, WithJsonSchema
 from pydantic_core import PydanticCustomError
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from autotuner import Device, DeviceError, Problem, ProblemError, Strategy, StrategyError
 
@@ -30,26 +35,21 @@ __all__ = [
     "PROBLEM_SCHEMA",
     "STRATEGY_SCHEMA",
     "DeviceField",
-    "ProblemField",
     "JsonObject",
+    "ParseMemo",
+    "ParseMemoMiddleware",
+    "ProblemField",
     "StrategyField",
     "Text",
     "check_json",
     "check_text",
-    "device_key",
     "field_path",
     "parse_device",
     "parse_problem",
     "parse_strategy",
-    "problem_key",
 ]
 
-_MEMO_MAX = 65_536
-
-_problems: dict[str, Problem] = {}
-_devices: dict[str, Device] = {}
-_problem_keys: dict[Problem, str] = {}
-_device_keys: dict[Device, str] = {}
+MEMO_MAX = 65_536
 
 
 def _memo_key(value: Any) -> str | None:
@@ -60,44 +60,90 @@ def _memo_key(value: Any) -> str | None:
         return None
 
 
-def _remember(memo: dict[Any, Any], key: Any, value: Any) -> None:
-    if len(memo) >= _MEMO_MAX:
-        memo.clear()
-    memo[key] = value
-
-
-def parse_problem(value: Any) -> Problem:
-    """``Problem.from_dict(value)``, memoised by the JSON text of ``value``."""
-    if isinstance(value, Problem):
-        return value
-    mk = _memo_key(value)
-    if mk is not None:
-        hit = _problems.get(mk)
-        if hit is not None:
-            return hit
+def _parse_problem(value: Any) -> Problem:
     problem = Problem.from_dict(value)
     try:
         problem.features()  # the numbers the database stores must be representable
     except OverflowError:
         raise ProblemError("lhs.shape", "sizes are too large (their products overflow a float)") from None
-    if mk is not None:
-        _remember(_problems, mk, problem)
     return problem
 
 
+class ParseMemo:
+    """Problems and devices parsed from request JSON, by its text, and their keys: one per app.
+
+    Each table holds at most ``max_entries`` and starts afresh when full. Thread-safe enough
+    for its use: a lost entry is parsed again."""
+
+    def __init__(self, max_entries: int = MEMO_MAX) -> None:
+        self.max_entries = max_entries
+        self._parsed: dict[tuple[type, str], Any] = {}
+        self._keys: dict[Problem | Device, str] = {}
+
+    def _remember(self, memo: dict[Any, Any], key: Any, value: Any) -> None:
+        if len(memo) >= self.max_entries:
+            memo.clear()
+        memo[key] = value
+
+    def _parse(self, kind: type, value: Any, parse: Any) -> Any:
+        if isinstance(value, kind):
+            return value
+        mk = _memo_key(value)
+        if mk is None:
+            return parse(value)
+        hit = self._parsed.get((kind, mk))
+        if hit is None:
+            hit = parse(value)
+            self._remember(self._parsed, (kind, mk), hit)
+        return hit
+
+    def problem(self, value: Any) -> Problem:
+        return self._parse(Problem, value, _parse_problem)  # type: ignore[no-any-return]
+
+    def device(self, value: Any) -> Device:
+        return self._parse(Device, value, Device.from_dict)  # type: ignore[no-any-return]
+
+    def key(self, obj: Problem | Device) -> str:
+        """``obj.key`` (THE canonical key of a problem, a device's fingerprint key)."""
+        key = self._keys.get(obj)
+        if key is None:
+            key = obj.key
+            self._remember(self._keys, obj, key)
+        return key
+
+
+_current: ContextVar[ParseMemo | None] = ContextVar("autotuner_parse_memo", default=None)
+
+
+class ParseMemoMiddleware:
+    """Pure ASGI middleware: the requests to this app parse through ``memo``."""
+
+    def __init__(self, app: ASGIApp, memo: ParseMemo) -> None:
+        self.app = app
+        self.memo = memo
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        token = _current.set(self.memo)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            _current.reset(token)
+
+
+def parse_problem(value: Any) -> Problem:
+    """``Problem.from_dict(value)`` whose numbers the database can store; memoised in a request."""
+    memo = _current.get()
+    if memo is not None:
+        return memo.problem(value)
+    return value if isinstance(value, Problem) else _parse_problem(value)
+
+
 def parse_device(value: Any) -> Device:
-    """``Device.from_dict(value)``, memoised by the JSON text of ``value``."""
-    if isinstance(value, Device):
-        return value
-    mk = _memo_key(value)
-    if mk is not None:
-        hit = _devices.get(mk)
-        if hit is not None:
-            return hit
-    device = Device.from_dict(value)
-    if mk is not None:
-        _remember(_devices, mk, device)
-    return device
+    """``Device.from_dict(value)``; memoised in a request."""
+    memo = _current.get()
+    if memo is not None:
+        return memo.device(value)
+    return value if isinstance(value, Device) else Device.from_dict(value)
 
 
 def parse_strategy(value: Any) -> Strategy:
@@ -107,23 +153,6 @@ def parse_strategy(value: Any) -> Strategy:
         return Strategy.from_dict(value)
     except TypeError as e:  # e.g. a non-string key in the object
         raise StrategyError("method", str(e)) from None
-
-
-def problem_key(problem: Problem) -> str:
-    """``problem.key`` (THE canonical key), memoised per Problem."""
-    key = _problem_keys.get(problem)
-    if key is None:
-        key = problem.key
-        _remember(_problem_keys, problem, key)
-    return key
-
-
-def device_key(device: Device) -> str:
-    key = _device_keys.get(device)
-    if key is None:
-        key = device.key
-        _remember(_device_keys, device, key)
-    return key
 
 
 _PART = re.compile(r"([^.\[\]]+)|\[(\d+)\]")

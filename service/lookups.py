@@ -30,10 +30,10 @@ from starlette.concurrency import run_in_threadpool
 from autotuner import Device, Problem, Strategy, StrategyError
 from db import Database, StorageError, WinnerRecord
 from db import repository as repo
-from service.fields import device_key, problem_key
+from service.fields import ParseMemo
 from service.metrics import Metrics
 from service.model import ModelFn, as_answer, model_answer
-from service.schemas import Lookup
+from service.schemas import Lookup, evidence
 
 log = logging.getLogger("service.lookups")
 
@@ -44,10 +44,7 @@ BASELINE = Strategy.baseline()
 
 
 def _tuned(w: WinnerRecord, dkey: str, pkey: str) -> Lookup:
-    ci = (w.speedup_lo, w.speedup_hi) if w.speedup_lo is not None and w.speedup_hi is not None else None
-    return Lookup(strategy=w.strategy, strategy_key=w.strategy_key, source="tuned", speedup=w.speedup,
-                  confidence=ci, record_id=w.id, measured_at=w.updated_at, trials=w.trials,
-                  problem_key=pkey, device_key=dkey)
+    return Lookup(**evidence(w), source="tuned", problem_key=pkey, device_key=dkey)
 
 
 def _default(dkey: str, pkey: str) -> Lookup:
@@ -198,7 +195,8 @@ class LookupEngine:
 
     def __init__(self, database: Database, metrics: Metrics, *, cache_seconds: float = 5.0,
                  nearest_max_distance: float = 2.0, model: ModelFn = model_answer,
-                 model_budget_seconds: float = 2.0, demand: DemandRecorder | None = None) -> None:
+                 model_budget_seconds: float = 2.0, demand: DemandRecorder | None = None,
+                 parse_memo: ParseMemo | None = None) -> None:
         self.database = database
         self.metrics = metrics
         self.cache_seconds = cache_seconds
@@ -209,6 +207,7 @@ class LookupEngine:
         # `default` without caching them, so a later lookup gets the model's answer.
         self.model_budget_seconds = model_budget_seconds
         self.demand = demand or DemandRecorder(database)
+        self.parse_memo = parse_memo or ParseMemo()  # the keys of the problems asked about
         self._cache: dict[tuple[str, str], tuple[float, Lookup]] = {}
         self._coalescer = _Coalescer(self._exact)
 
@@ -240,12 +239,9 @@ class LookupEngine:
             strategy = applicable(problem, nb.winner.strategy)
             if strategy is None:
                 continue
-            w = nb.winner
-            ci = (w.speedup_lo, w.speedup_hi) if w.speedup_lo is not None and w.speedup_hi is not None else None
-            return Lookup(strategy=strategy.to_dict(), strategy_key=strategy.key, source="nearest",
-                          speedup=w.speedup, confidence=ci, record_id=w.id, measured_at=w.updated_at,
-                          trials=w.trials, distance=round(nb.distance, 6), neighbor_key=w.problem_key,
-                          problem_key=pkey, device_key=dkey)
+            answer = {**evidence(nb.winner), "strategy": strategy.to_dict(), "strategy_key": strategy.key}
+            return Lookup(**answer, source="nearest", distance=round(nb.distance, 6),
+                          neighbor_key=nb.winner.problem_key, problem_key=pkey, device_key=dkey)
         return None
 
     def _untuned(self, device: Device, dkey: str, problem: Problem, pkey: str,
@@ -260,8 +256,8 @@ class LookupEngine:
     def _start(self, device: Device, problems: Sequence[Problem]
                ) -> tuple[float, str, list[str], dict[str, Problem], dict[str, Lookup], list[str]]:
         now = time.monotonic()
-        dkey = device_key(device)
-        keys = [problem_key(p) for p in problems]
+        dkey = self.parse_memo.key(device)
+        keys = [self.parse_memo.key(p) for p in problems]
         by_key: dict[str, Problem] = dict(zip(keys, problems, strict=True))
         answers: dict[str, Lookup] = {}
         todo = []
@@ -316,25 +312,11 @@ class LookupEngine:
             self.demand.add(device, dkey, misses)
         return out
 
-    def lookup(self, device: Device, problem: Problem) -> Lookup:
-        return self.lookup_many(device, [problem])[0]
-
-    def lookup_many(self, device: Device, problems: Sequence[Problem]) -> list[Lookup]:
-        """Answers in the order asked. Repeated problems are looked up once; the exact matches
-        of the rest in one read transaction (one round trip with ``repository.get_winners``)."""
-        now, dkey, keys, by_key, answers, todo = self._start(device, problems)
-        provisional: set[str] = set()
-        if todo:
-            answers.update(self._exact(dkey, todo))
-            rest = [k for k in todo if k not in answers]
-            if rest:
-                answers.update(self._inexact(device, dkey, by_key, rest, provisional))
-        return self._finish(device, dkey, keys, by_key, answers, todo, now, provisional)
-
     async def run(self, device: Device, problems: Sequence[Problem]) -> list[Lookup]:
-        """:meth:`lookup_many` for the event loop: cached answers in the loop; the exact matches
-        of single lookups coalesced (:class:`_Coalescer`), of batches in one call; both, and
-        nearest-shape searches, in the thread pool."""
+        """Answers in the order asked; repeated problems are looked up once. Cached answers in
+        the event loop; the exact matches of single lookups coalesced (:class:`_Coalescer`), of
+        a batch in one read transaction (one round trip with ``repository.get_winners``); both,
+        and nearest-shape searches, in the thread pool."""
         now, dkey, keys, by_key, answers, todo = self._start(device, problems)
         provisional: set[str] = set()
         if todo:

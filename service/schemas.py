@@ -1,15 +1,19 @@
-"""The API's request and response models (pydantic v2), apart from the ORM and the db records.
+"""The API's request and response models (pydantic v2), apart from the ORM models.
 
-Requests carry domain objects through :mod:`service.fields` (validated by the domain code);
-responses are built from the repository's frozen records with ``from_record`` helpers.
+Requests carry domain objects through :mod:`service.fields` (validated by the domain code).
+A response that shows a stored record (``DeviceOut``, ``ProblemOut``, ``WinnerOut``,
+``MeasurementOut``, ``JobOut``, ``DemandOut``) and the upload of a measurement
+(``MeasurementIn``) are derived from the record's field list in :mod:`db.records`, never
+copied: a field added there is served and accepted here without a change to this module.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, Self, get_type_hints
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
 from db import (
     DemandRecord,
@@ -19,6 +23,8 @@ from db import (
     ProblemRecord,
     WinnerRecord,
 )
+from db.fields import Spec, fields_of
+from db.records import MEASUREMENT_INPUT_FIELDS
 from service.fields import DeviceField, JsonObject, ProblemField, StrategyField, Text
 
 Source = Literal["tuned", "nearest", "model", "default"]
@@ -72,6 +78,14 @@ class Lookup(BaseModel):
     device_key: str
 
 
+def evidence(w: WinnerRecord) -> dict[str, Any]:
+    """What an answer from a stored winner says about it: the fields of :class:`Lookup` and of
+    :class:`SnapshotEntry` that come from the winner record."""
+    ci = (w.speedup_lo, w.speedup_hi) if w.speedup_lo is not None and w.speedup_hi is not None else None
+    return {"strategy": w.strategy, "strategy_key": w.strategy_key, "speedup": w.speedup,
+            "confidence": ci, "record_id": w.id, "measured_at": w.updated_at, "trials": w.trials}
+
+
 class LookupBatch(BaseModel):
     model_config = _OUT
     device_key: str
@@ -80,114 +94,42 @@ class LookupBatch(BaseModel):
 
 # -- records ---------------------------------------------------------------------------------------
 
-class DeviceOut(BaseModel):
-    model_config = _OUT
-    id: int
-    key: str
-    platform: str
-    device_kind: str
-    num_devices: int
-    num_processes: int
-    topology: str | None
-    jax_version: str
-    jaxlib_version: str
-    created_at: datetime
+class RecordOut(BaseModel):
+    """A response that shows a db record; :meth:`of` builds it from one (and so does
+    validation from attributes, as when a record is nested in another response)."""
+
+    model_config = ConfigDict(frozen=True, from_attributes=True)
 
     @classmethod
-    def of(cls, r: DeviceRecord) -> DeviceOut:
-        return cls(id=r.id, key=r.key, platform=r.platform, device_kind=r.device_kind,
-                   num_devices=r.num_devices, num_processes=r.num_processes, topology=r.topology,
-                   jax_version=r.jax_version, jaxlib_version=r.jaxlib_version, created_at=r.created_at)
+    def of(cls, record: Any, **extra: Any) -> Self:
+        """The record's fields that this model shows, and ``extra`` values."""
+        values = {name: getattr(record, name) for name in cls.model_fields if name not in extra}
+        return cls.model_validate({**values, **extra})
 
 
-class ProblemOut(BaseModel):
-    model_config = _OUT
-    id: int
-    key: str
-    canonical: dict[str, Any]
-    equation: str
-    pattern: str
-    dtype: str
-    mesh_size: int
-    m: float
-    n: float
-    k: float
-    b: float
-    flops: float
-    comm_bytes: float
-    created_at: datetime
-
-    @classmethod
-    def of(cls, r: ProblemRecord) -> ProblemOut:
-        return cls(id=r.id, key=r.key, canonical=r.canonical, equation=r.equation, pattern=r.pattern,
-                   dtype=r.dtype, mesh_size=r.mesh_size, m=r.m, n=r.n, k=r.k, b=r.b, flops=r.flops,
-                   comm_bytes=r.comm_bytes, created_at=r.created_at)
+def record_out(record: type, *, drop: tuple[str, ...] = (),
+               after: dict[str, dict[str, Any]] | None = None) -> type[RecordOut]:
+    """The response model of ``record``, named ``{Record}Out`` without "Record": its fields in
+    its order and types, but ``drop``; ``after`` inserts ``{name: type}`` after a field."""
+    hints = get_type_hints(record)
+    fields: dict[str, Any] = {}
+    for f in dataclasses.fields(record):
+        if f.name not in drop:
+            fields[f.name] = (hints[f.name], ...)
+        for name, hint in (after or {}).get(f.name, {}).items():
+            fields[name] = (hint, ...)
+    name = record.__name__.removesuffix("Record") + "Out"
+    return create_model(name, __base__=RecordOut, __module__=__name__, **fields)
 
 
-class WinnerOut(BaseModel):
-    model_config = _OUT
-    id: int
-    device_key: str
-    problem_key: str
-    strategy: dict[str, Any]
-    strategy_key: str
-    method: str
-    speedup: float
-    speedup_lo: float | None
-    speedup_hi: float | None
-    baseline_s: float | None
-    winner_s: float | None
-    measurement_ids: list[int]
-    trials: int
-    created_at: datetime
-    updated_at: datetime
-
-    @classmethod
-    def of(cls, r: WinnerRecord) -> WinnerOut:
-        return cls(id=r.id, device_key=r.device_key, problem_key=r.problem_key, strategy=r.strategy,
-                   strategy_key=r.strategy_key, method=r.method, speedup=r.speedup,
-                   speedup_lo=r.speedup_lo, speedup_hi=r.speedup_hi, baseline_s=r.baseline_s,
-                   winner_s=r.winner_s, measurement_ids=list(r.measurement_ids), trials=r.trials,
-                   created_at=r.created_at, updated_at=r.updated_at)
-
-
-class MeasurementOut(BaseModel):
-    model_config = _OUT
-    id: int
-    problem_id: int
-    device_id: int
-    device_key: str | None
-    strategy: dict[str, Any]
-    strategy_key: str
-    method: str
-    status: str
-    reason: str | None
-    samples: list[float]
-    median_s: float | None
-    iqr_s: float | None
-    min_s: float | None
-    n: int
-    ratio: float | None
-    ratio_lo: float | None
-    ratio_hi: float | None
-    compile_s: float | None
-    memory: dict[str, Any] | None
-    run_id: str | None
-    host: str | None
-    created_at: datetime
-
-    @classmethod
-    def of(cls, r: MeasurementRecord, device_key: str | None) -> MeasurementOut:
-        return cls(id=r.id, problem_id=r.problem_id, device_id=r.device_id, device_key=device_key,
-                   strategy=r.strategy, strategy_key=r.strategy_key, method=r.method, status=r.status,
-                   reason=r.reason, samples=list(r.samples), median_s=r.median_s, iqr_s=r.iqr_s,
-                   min_s=r.min_s, n=r.n, ratio=r.ratio, ratio_lo=r.ratio_lo, ratio_hi=r.ratio_hi,
-                   compile_s=r.compile_s, memory=r.memory, run_id=r.run_id, host=r.host,
-                   created_at=r.created_at)
+DeviceOut = record_out(DeviceRecord)
+ProblemOut = record_out(ProblemRecord)
+WinnerOut = record_out(WinnerRecord, drop=("device_id", "problem_id"))
+MeasurementOut = record_out(MeasurementRecord, after={"device_id": {"device_key": str | None}})
 
 
 class ProblemRowOut(BaseModel):
-    model_config = _OUT
+    model_config = ConfigDict(frozen=True, from_attributes=True)  # model_validate(a ProblemRow)
     problem: ProblemOut
     device: DeviceOut | None
     winner: WinnerOut | None
@@ -213,34 +155,50 @@ class ProblemDetail(BaseModel):
 
 # -- results ---------------------------------------------------------------------------------------
 
-class MeasurementIn(BaseModel):
-    """One timed strategy (see ``db.MeasurementInput``); ``ratio`` = baseline time / this time
-    with its confidence interval ``ratio_lo``..``ratio_hi``. ``strategy_key`` is derived from
-    ``strategy``; if given it must match."""
+MAX_LIST = 100_000  # items of an uploaded list (samples)
+MAX_COUNT = 10_000_000  # an uploaded count (n)
 
+
+class _MeasurementUpload(BaseModel):
     model_config = _FINITE
     strategy: StrategyField
-    strategy_key: Text | None = Field(default=None, max_length=256)
+    strategy_key: Text | None = Field(
+        default=None, max_length=fields_of(MeasurementRecord, ("strategy_key",))["strategy_key"].max_len)
     status: Literal["ok", "failed"]
-    reason: Text | None = Field(default=None, max_length=100_000)
-    samples: list[float] = Field(default_factory=list, max_length=100_000)
-    median_s: float | None = Field(default=None, ge=0)
-    iqr_s: float | None = Field(default=None, ge=0)
-    min_s: float | None = Field(default=None, ge=0)
-    n: int | None = Field(default=None, ge=0, le=10_000_000)
-    ratio: float | None = Field(default=None, ge=0)
-    ratio_lo: float | None = Field(default=None, ge=0)
-    ratio_hi: float | None = Field(default=None, ge=0)
-    compile_s: float | None = Field(default=None, ge=0)
-    memory: JsonObject | None = None
-    run_id: Text | None = Field(default=None, max_length=64)
-    host: Text | None = Field(default=None, max_length=256)
 
     @model_validator(mode="after")
-    def _ok_has_median(self) -> MeasurementIn:
-        if self.status == "ok" and self.median_s is None:
+    def _ok_has_median(self) -> Self:
+        if self.status == "ok" and getattr(self, "median_s", None) is None:
             raise ValueError('an "ok" measurement needs median_s')
         return self
+
+
+def _upload_field(spec: Spec) -> Any:
+    """A measurement field as an upload accepts it: optional, numbers >= 0, text as stored."""
+    if spec.kind is float:
+        return float | None, Field(default=None, ge=0)
+    if spec.kind is int:
+        return int | None, Field(default=None, ge=spec.minimum or 0, le=MAX_COUNT)
+    if spec.kind is str:
+        return Text | None, Field(default=None, max_length=spec.max_len)
+    if spec.kind is dict:
+        return JsonObject | None, None
+    if spec.kind is tuple:
+        (item, *_) = spec.hint.__args__
+        return list[item], Field(default_factory=list, max_length=MAX_LIST)
+    raise TypeError(f"no upload form for {spec.hint!r}")
+
+
+MeasurementIn = create_model(
+    "MeasurementIn",
+    __base__=_MeasurementUpload,
+    __module__=__name__,
+    __doc__="""One timed strategy (see ``db.MeasurementInput``); ``ratio`` = baseline time / this time
+    with its confidence interval ``ratio_lo``..``ratio_hi``. ``strategy_key`` is derived from
+    ``strategy``; if given it must match.""",
+    **{name: _upload_field(spec) for name, spec in fields_of(MeasurementRecord, MEASUREMENT_INPUT_FIELDS).items()
+       if name not in _MeasurementUpload.model_fields and name != "created_at"},
+)
 
 
 class ResultsRequest(BaseModel):
@@ -294,29 +252,7 @@ class FinishRequest(BaseModel):
     error: Text | None = Field(default=None, max_length=100_000)
 
 
-class JobOut(BaseModel):
-    model_config = _OUT
-    id: int
-    status: str
-    priority: int
-    problem_key: str
-    problem: dict[str, Any]
-    device_key: str
-    device: dict[str, Any]
-    params: dict[str, Any]
-    worker: str | None
-    lease_expires_at: datetime | None
-    attempts: int
-    error: str | None
-    created_at: datetime
-    updated_at: datetime
-
-    @classmethod
-    def of(cls, r: JobRecord) -> JobOut:
-        return cls(id=r.id, status=r.status, priority=r.priority, problem_key=r.problem_key,
-                   problem=r.problem, device_key=r.device_key, device=r.device, params=r.params,
-                   worker=r.worker, lease_expires_at=r.lease_expires_at, attempts=r.attempts,
-                   error=r.error, created_at=r.created_at, updated_at=r.updated_at)
+JobOut = record_out(JobRecord)
 
 
 class ClaimResponse(BaseModel):
@@ -337,21 +273,7 @@ class JobPage(BaseModel):
 
 # -- demand ----------------------------------------------------------------------------------------
 
-class DemandOut(BaseModel):
-    model_config = _OUT
-    id: int
-    device_key: str
-    device: dict[str, Any]
-    problem_key: str
-    problem: dict[str, Any]
-    count: int
-    first_seen: datetime
-    last_seen: datetime
-
-    @classmethod
-    def of(cls, r: DemandRecord) -> DemandOut:
-        return cls(id=r.id, device_key=r.device_key, device=r.device, problem_key=r.problem_key,
-                   problem=r.problem, count=r.count, first_seen=r.first_seen, last_seen=r.last_seen)
+DemandOut = record_out(DemandRecord)
 
 
 class DemandPage(BaseModel):

@@ -75,18 +75,25 @@ def start_server(db_url: str, *, port: int | None = None, workers: int = 1,
     out = subprocess.DEVNULL if quiet else None
     proc = subprocess.Popen(cmd, env=full_env, cwd=ROOT, start_new_session=True, stdout=out, stderr=out)
     url = f"http://{HOST}:{port}"
+    wait_healthy(proc, url, timeout)
+    return proc, url
+
+
+def wait_healthy(proc: subprocess.Popen[bytes], url: str, timeout: float = 60.0) -> None:
+    """Wait until the server ``proc`` answers 200 at ``url/healthz``; if it exits first or
+    ``timeout`` seconds pass, stop it and raise RuntimeError."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"uvicorn exited with status {proc.returncode}")
+            raise RuntimeError(f"the server exited with status {proc.returncode}")
         try:
             if httpx.get(f"{url}/healthz", timeout=1.0, trust_env=False).status_code == 200:
-                return proc, url
+                return
         except httpx.HTTPError:
             pass
         time.sleep(0.1)
     stop_server(proc)
-    raise RuntimeError(f"uvicorn did not become healthy within {timeout:g} s")
+    raise RuntimeError(f"the server did not become healthy within {timeout:g} s")
 
 
 def stop_server(proc: subprocess.Popen[bytes]) -> None:

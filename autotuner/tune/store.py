@@ -23,11 +23,12 @@ def problem_values(p: Problem) -> dict[str, Any]:
 
 
 def measurement_item(c: Candidate, run_id: str | None = None, host: str | None = None) -> dict[str, Any]:
-    return {"strategy": c.strategy, "strategy_key": c.key, "status": c.status, "reason": c.reason,
-            "samples": list(c.samples), "median_s": c.median_s, "iqr_s": c.iqr_s, "min_s": c.min_s,
-            "n": c.n, "ratio": c.ratio, "ratio_lo": c.ratio_lo, "ratio_hi": c.ratio_hi,
-            "compile_s": c.compile_s, "memory": c.memory, "run_id": run_id,
-            "host": host or socket.gethostname()}
+    """A candidate as a ``db.MeasurementInput`` (``db.records.measurement_input``: the fields
+    of the same names), with its strategy key and this run's id and host."""
+    from db.records import measurement_input
+
+    return measurement_input(c, strategy_key=c.key, run_id=run_id,
+                             host=host or socket.gethostname())
 
 
 def session_items(session: SessionResult, run_id: str | None = None,

@@ -52,16 +52,14 @@ def scratch_db_url(service: str) -> str:
 def run_items(database: Any, device: Device, problem: Problem, run_id: str) -> list[dict[str, Any]]:
     """This run's measurements of (device, problem) from the scratch database, as upload items."""
     from db import repository as repo
+    from db.records import measurement_input
 
     with database.session(read_only=True) as s:
         dev, prob = repo.get_device_by_key(s, device.key), repo.get_problem_by_key(s, problem.key)
         if dev is None or prob is None:
             return []
         ms = repo.list_measurements(s, prob.id, dev.id)
-    keep = ("status", "reason", "median_s", "iqr_s", "min_s", "n", "ratio", "ratio_lo", "ratio_hi",
-            "compile_s", "memory", "run_id", "host")
-    return [{"strategy": dict(m.strategy), "strategy_key": m.strategy_key, "samples": list(m.samples),
-             **{k: getattr(m, k) for k in keep}} for m in ms if m.run_id == run_id]
+    return [measurement_input(m) for m in ms if m.run_id == run_id]
 
 
 def upload(http: httpx.Client, device: Device, problem: Problem, items: list[dict[str, Any]]) -> dict[str, Any]:

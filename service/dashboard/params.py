@@ -22,6 +22,7 @@ from pydantic import (
     ValidationError,
 )
 
+from autotuner.errors import AutotunerError
 from service.fields import check_text
 from service.schemas import SortKey
 
@@ -46,7 +47,7 @@ def _text(max_length: int) -> Any:
 DeviceKey = _text(128)
 
 
-class BadParams(Exception):
+class BadParams(AutotunerError):
     """Invalid query parameters: ``errors`` are ``(parameter, message)`` pairs."""
 
     def __init__(self, errors: list[tuple[str, str]]) -> None:

@@ -20,7 +20,7 @@ from fastapi.responses import HTMLResponse, Response
 
 from db import repository as repo
 from service.dashboard import figures, views
-from service.dashboard.assets import CACHE_CONTROL, asset, plotly_version
+from service.dashboard.assets import CACHE_CONTROL
 from service.dashboard.params import (
     PER_PAGE,
     BadParams,
@@ -41,10 +41,8 @@ CSP = ("default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline';
 SECURITY_HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
                     "Referrer-Policy": "no-referrer", "X-Frame-Options": "DENY"}
 SHAPE_POINTS = 2000
-TABLE_SORTS = {  # column -> sort key of repo.list_problems
-    "pattern": "pattern", "speedup": "speedup", "trials": "trials", "updated": "updated",
-    "flops": "flops", "comm_bytes": "comm_bytes",
-}
+TABLE_SORTS = ("pattern", "speedup", "trials", "updated", "flops", "comm_bytes")  # the sortable
+# columns of the table, each named as its sort key of repo.list_problems
 
 _env = jinja2.Environment(
     loader=jinja2.FileSystemLoader(Path(__file__).resolve().parent / "templates"),
@@ -56,12 +54,14 @@ _env = jinja2.Environment(
 _env.filters.update(when=views.fmt_when, seconds=views.fmt_time, speedup=views.fmt_speedup,
                     nbytes=views.fmt_bytes, shapes=views.fmt_shapes, mesh=views.fmt_mesh,
                     device=views.device_label)
-_env.globals.update(plotly_version=plotly_version, fmt_ci=views.fmt_ci)
+_env.globals.update(fmt_ci=views.fmt_ci)
 
 
 def _render(request: Request, template: str, status: int = 200, **context: Any) -> HTMLResponse:
     base = request.scope.get("root_path", "").rstrip("/")
-    body = _env.get_template(template).render(base=base, path=request.url.path, **context)
+    version = request.app.state.autotuner.assets.version  # in the static files' URLs
+    body = _env.get_template(template).render(base=base, path=request.url.path,
+                                              asset_version=version, **context)
     return HTMLResponse(body, status_code=status, headers=SECURITY_HEADERS)
 
 
@@ -120,9 +120,9 @@ def problems(request: Request, _: ReadAuth, s: ReadSessionDep) -> HTMLResponse:
         return _bad(request, e)
     last = params.last_page(page.total)
     sort_links = {}
-    for column, key in TABLE_SORTS.items():
+    for key in TABLE_SORTS:
         order = "asc" if params.sort == key and params.order == "desc" else "desc"
-        sort_links[column] = params.query(sort=key, order=order, page=1)
+        sort_links[key] = params.query(sort=key, order=order, page=1)
     window = range(max(1, params.page - 3), min(last, params.page + 3) + 1)
     return _render(
         request, "problems.html", params=params, page=page, last_page=last,
@@ -167,9 +167,9 @@ def problem(request: Request, ref: str, _: ReadAuth, s: ReadSessionDep) -> HTMLR
 
 
 @router.get("/static/{name}")
-def static(request: Request, name: str) -> Response:
+def static(request: Request, name: str, state: StateDep) -> Response:
     """plotly.min.js (from the installed plotly package), dashboard.js, dashboard.css."""
-    found = asset(name)
+    found = state.assets.get(name)
     if found is None:
         return Response("not found\n", status_code=404, media_type="text/plain")
     headers = {"ETag": found.etag, "Cache-Control": CACHE_CONTROL, "Vary": "Accept-Encoding",

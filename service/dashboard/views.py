@@ -146,16 +146,6 @@ def lookup_shares(registry: CollectorRegistry) -> dict[str, float]:
     return counts
 
 
-def job_summary(jobs: Sequence[JobRecord]) -> list[dict[str, Any]]:
-    rows = []
-    for j in jobs:
-        canonical = j.problem if isinstance(j.problem, dict) else {}
-        rows.append({"job": j, "equation": canonical.get("equation", "?"),
-                     "shapes": fmt_shapes(canonical), "dtype": canonical.get("dtype", "?"),
-                     "device": _device_json_label(j.device)})
-    return rows
-
-
 def _device_json_label(d: Any) -> str:
     if not isinstance(d, dict):
         return "?"
@@ -163,14 +153,20 @@ def _device_json_label(d: Any) -> str:
     return f"{label} · {d['topology']}" if d.get("topology") else label
 
 
+def _summary(problem: Any, device: Any) -> dict[str, Any]:
+    """A queued problem (canonical JSON) on a device (fingerprint JSON), as table cells."""
+    canonical = problem if isinstance(problem, dict) else {}
+    return {"equation": canonical.get("equation", "?"), "shapes": fmt_shapes(canonical),
+            "dtype": canonical.get("dtype", "?"), "mesh": fmt_mesh(canonical),
+            "device": _device_json_label(device)}
+
+
+def job_summary(jobs: Sequence[JobRecord]) -> list[dict[str, Any]]:
+    return [{"job": j, **_summary(j.problem, j.device)} for j in jobs]
+
+
 def demand_summary(items: Sequence[Any]) -> list[dict[str, Any]]:
-    rows = []
-    for d in items:
-        canonical = d.problem if isinstance(d.problem, dict) else {}
-        rows.append({"demand": d, "equation": canonical.get("equation", "?"),
-                     "shapes": fmt_shapes(canonical), "dtype": canonical.get("dtype", "?"),
-                     "mesh": fmt_mesh(canonical), "device": _device_json_label(d.device)})
-    return rows
+    return [{"demand": d, **_summary(d.problem, d.device)} for d in items]
 
 
 # --------------------------------------------------------------------------- problem page

@@ -9,7 +9,6 @@ from fastapi import APIRouter, Path
 from db import NotFoundError
 from db import repository as repo
 from service.deps import ReadAuth, ReadSessionDep, SessionDep, StateDep, WriteAuth
-from service.fields import device_key, problem_key
 from service.routes._common import (
     MAX_ID,
     READ,
@@ -36,11 +35,12 @@ JobId = Annotated[int, Path(ge=1, le=MAX_ID)]
 
 
 @router.post("", response_model=JobOut, status_code=201, responses=responses(*WRITE))
-def enqueue(_: WriteAuth, req: JobRequest, s: SessionDep) -> JobOut:
+def enqueue(_: WriteAuth, req: JobRequest, s: SessionDep, state: StateDep) -> JobOut:
     """Queue tuning of a problem on a device. At most one job per (device, problem) is active:
     if one is queued or running, that one is returned."""
-    job = repo.enqueue_job(s, problem_key=problem_key(req.problem), problem=req.problem.canonical(),
-                           device_key=device_key(req.device), device=req.device.to_dict(),
+    key = state.parse_memo.key
+    job = repo.enqueue_job(s, problem_key=key(req.problem), problem=req.problem.canonical(),
+                           device_key=key(req.device), device=req.device.to_dict(),
                            params=req.params, priority=req.priority)
     return JobOut.of(job)
 

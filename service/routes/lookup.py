@@ -6,7 +6,6 @@ from fastapi import APIRouter
 
 from service.deps import ReadAuth, StateDep
 from service.errors import invalid
-from service.fields import device_key
 from service.routes._common import READ, responses
 from service.schemas import Lookup, LookupBatch, LookupBatchRequest, LookupRequest
 
@@ -30,4 +29,4 @@ async def lookup_batch(_: ReadAuth, req: LookupBatchRequest, state: StateDep) ->
                                             f"{len(req.problems)}")
     results = await state.lookups.run(req.device, req.problems)
     state.metrics.batch_size.observe(len(req.problems))
-    return LookupBatch(device_key=device_key(req.device), results=results)
+    return LookupBatch(device_key=state.parse_memo.key(req.device), results=results)

@@ -11,7 +11,6 @@ from db import repository as repo
 from service.deps import ReadAuth, ReadSessionDep
 from service.routes._common import MAX_ID, READ, Limit, Offset, next_offset, responses, text_query
 from service.schemas import (
-    DeviceOut,
     MeasurementOut,
     ProblemDetail,
     ProblemOut,
@@ -44,10 +43,7 @@ def list_problems(
     page = repo.list_problems(s, device_key=device_key, pattern=pattern, dtype=dtype, method=method,
                               search=search, tuned_only=tuned_only, sort=sort, desc=desc,
                               offset=offset, limit=limit)
-    items = [ProblemRowOut(problem=ProblemOut.of(r.problem),
-                           device=DeviceOut.of(r.device) if r.device is not None else None,
-                           winner=WinnerOut.of(r.winner) if r.winner is not None else None)
-             for r in page.items]
+    items = [ProblemRowOut.model_validate(r) for r in page.items]
     return ProblemPage(items=items, total=page.total, offset=offset, limit=limit,
                        next_offset=next_offset(offset, len(items), page.total, limit))
 
@@ -70,6 +66,6 @@ def get_problem(
     winners = [WinnerOut.of(r.winner) for r in rows
                if r.winner is not None and r.problem.id == record.id]
     devices = {d.id: d.key for d in repo.list_devices(s)}
-    measurements = [MeasurementOut.of(m, devices.get(m.device_id))
+    measurements = [MeasurementOut.of(m, device_key=devices.get(m.device_id))
                     for m in repo.list_measurements(s, record.id)]
     return ProblemDetail(problem=ProblemOut.of(record), winners=winners, measurements=measurements)

@@ -9,7 +9,6 @@ from fastapi import APIRouter
 from autotuner.tune import store
 from service.deps import StateDep, WriteAuth
 from service.errors import invalid
-from service.fields import device_key, problem_key
 from service.routes._common import WRITE, responses
 from service.schemas import ResultsRequest, ResultsResponse, WinnerOut
 
@@ -31,7 +30,7 @@ def post_results(_: WriteAuth, req: ResultsRequest, state: StateDep) -> ResultsR
         item.update(strategy=m.strategy.to_dict(), strategy_key=key)
         items.append(item)
     winner = store.save(state.database, req.device, req.problem, items)
-    dkey, pkey = device_key(req.device), problem_key(req.problem)
+    dkey, pkey = state.parse_memo.key(req.device), state.parse_memo.key(req.problem)
     state.lookups.forget(dkey, pkey)
     return ResultsResponse(device_key=dkey, problem_key=pkey, recorded=len(items),
                            winner=WinnerOut.of(winner) if winner is not None else None)

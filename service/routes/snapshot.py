@@ -10,7 +10,7 @@ from fastapi import APIRouter
 from db import repository as repo
 from service.deps import ReadAuth, ReadSessionDep
 from service.routes._common import READ, responses, text_query
-from service.schemas import DeviceOut, Snapshot, SnapshotEntry
+from service.schemas import DeviceOut, Snapshot, SnapshotEntry, evidence
 
 router = APIRouter(tags=["snapshot"])
 
@@ -30,13 +30,7 @@ def snapshot(
     """Every stored winner (of one device, or all), for `Client(offline="snapshot.json")`."""
     exported_at = datetime.now(UTC)
     devices = [d for d in repo.list_devices(s) if device_key is None or d.key == device_key]
-    entries = [
-        SnapshotEntry(device_key=w.device_key, problem_key=w.problem_key, strategy=w.strategy,
-                      strategy_key=w.strategy_key, speedup=w.speedup,
-                      confidence=(w.speedup_lo, w.speedup_hi)
-                      if w.speedup_lo is not None and w.speedup_hi is not None else None,
-                      record_id=w.id, measured_at=w.updated_at, trials=w.trials)
-        for w in repo.list_winners(s, device_key)
-    ]
+    entries = [SnapshotEntry(device_key=w.device_key, problem_key=w.problem_key, **evidence(w))
+               for w in repo.list_winners(s, device_key)]
     return Snapshot(exported_at=exported_at, devices=[DeviceOut.of(d) for d in devices],
                     entries=entries)

@@ -11,23 +11,20 @@ then they fail.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from autotuner import Device, Problem, Strategy
 from autotuner.tune.store import device_values, problem_values
 from db import Database, upgrade
 from db import repository as repo
-from service.testing import HOST, ROOT, free_port, problem
+from service.testing import HOST, ROOT, free_port, problem, stop_server, wait_healthy
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(180)]
 
@@ -145,27 +142,10 @@ def server(tmp_path_factory: pytest.TempPathFactory,
                             start_new_session=True)
     base = f"http://{HOST}:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the server exited with status {proc.returncode}")
-            try:
-                if httpx.get(f"{base}/healthz", timeout=1, trust_env=False).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("the server did not become healthy in 60 s")
-            time.sleep(0.1)
+        wait_healthy(proc, base)
         yield base, ids
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        stop_server(proc)
 
 
 class Watched:

@@ -24,7 +24,7 @@ from db import Database
 from db import repository as repo
 from service import create_app, dashboard
 from service.dashboard import views
-from service.dashboard.assets import asset
+from service.dashboard.assets import Assets
 from service.testing import READ_HEADERS, READ_TOKEN, WRITE_TOKEN, problem
 
 with warnings.catch_warnings():
@@ -409,7 +409,7 @@ def test_plotly_is_served_locally(client):
     assert r.headers["content-type"].startswith("text/javascript")
     assert r.headers["content-encoding"] == "gzip"  # httpx asks for gzip and decodes it
     assert "max-age" in r.headers["cache-control"] and r.headers["etag"]
-    plotly_js = asset("plotly.min.js")
+    plotly_js = Assets().get("plotly.min.js")
     assert plotly_js is not None and r.content == plotly_js.body
     assert b"plotly.js v" in r.content[:200]
     again = client.get("/static/plotly.min.js", headers={"If-None-Match": r.headers["etag"]})

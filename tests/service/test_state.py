@@ -1,0 +1,41 @@
+"""What an app owns: its parse memo and its static files (no module-level memo shared by apps)."""
+
+from __future__ import annotations
+
+from autotuner import Problem
+from service.fields import ParseMemo, parse_problem
+from service.testing import DEVICE, problem
+
+
+def test_requests_parse_through_their_apps_memo(make_client):
+    a, b = make_client(), make_client()
+    memo_a, memo_b = (c.app.state.autotuner.parse_memo for c in (a, b))
+    assert memo_a is not memo_b and not memo_a._parsed and not memo_b._parsed
+    body = {"device": DEVICE, "problem": problem()}
+    assert a.post("/v1/lookup", json=body).status_code == 200
+    assert len(memo_a._parsed) == 2 and not memo_b._parsed  # the problem and the device
+    parsed = memo_a.problem(problem())
+    assert a.post("/v1/lookup", json=body).status_code == 200
+    assert memo_a.problem(problem()) is parsed and len(memo_a._parsed) == 2
+    assert memo_a.key(parsed) == parsed.key
+    # outside a request nothing is memoised
+    assert parse_problem(problem()) is not parse_problem(problem())
+
+
+def test_the_memo_is_bounded():
+    memo = ParseMemo(max_entries=2)
+    first = memo.problem(problem(1024))
+    memo.problem(problem(2048))
+    assert memo.problem(problem(1024)) is first
+    memo.problem(problem(4096))  # full: starts afresh
+    assert memo.problem(problem(1024)) is not first
+    assert memo.problem(Problem.from_dict(problem(64))) == Problem.from_dict(problem(64))
+
+
+def test_each_app_has_its_own_static_files(make_client):
+    a, b = make_client(), make_client()
+    assets_a, assets_b = (c.app.state.autotuner.assets for c in (a, b))
+    assert assets_a is not assets_b
+    assert a.get("/static/dashboard.css").status_code == 200
+    assert set(assets_a._loaded) == {"dashboard.css"} and not assets_b._loaded
+    assert assets_a.get("nope.js") is None

@@ -1,0 +1,60 @@
+"""A tuning run's measurements travel whole: tuner -> scratch database -> POST /v1/results ->
+the service's database, every field of db.MeasurementInput unchanged on the way (all three
+steps build or accept items from the one field list in db/records.py)."""
+
+from __future__ import annotations
+
+import shutil
+
+from autotuner import Device, Problem, store, worker
+from autotuner.measure import Candidate
+from db import Database
+from db import repository as repo
+from db.records import MEASUREMENT_INPUT_FIELDS
+from service.testing import DEVICE, RING, WRITE_HEADERS, problem
+
+
+def _candidates() -> list[Candidate]:
+    base = Candidate(strategy={"method": "baseline"}, key="baseline", samples=[1e-3] * 3,
+                     median_s=1e-3, iqr_s=1e-5, min_s=9.9e-4, n=3, compile_s=0.5,
+                     memory={"temp_size_in_bytes": 1024})
+    ring = Candidate(strategy=RING, key="ring-uni-c1-ufull-loop-send", samples=[8e-4] * 3,
+                     median_s=8e-4, iqr_s=2e-5, min_s=7.9e-4, n=3, ratio=1.25, ratio_lo=1.2,
+                     ratio_hi=1.3, compile_s=0.7, memory={"temp_size_in_bytes": 2048})
+    failed = Candidate(strategy=dict(RING, chunks=4), key="ring-uni-c4-ufull-loop-send",
+                       status="failed", reason="does not divide")
+    return [base, ring, failed]
+
+
+def test_a_runs_measurements_reach_the_service_unchanged(client, sqlite_template, tmp_path):
+    device, prob = Device.from_dict(DEVICE), Problem.from_dict(problem())
+    shutil.copyfile(sqlite_template, tmp_path / "scratch.db")  # the worker's local database
+    scratch = Database(f"sqlite:///{tmp_path / 'scratch.db'}")
+    try:
+        earlier = [store.measurement_item(c, run_id="run-0", host="h0") for c in _candidates()[:1]]
+        store.save(scratch, device, prob, earlier)
+        items = [store.measurement_item(c, run_id="run-1", host="h1") for c in _candidates()]
+        store.save(scratch, device, prob, items)
+        uploaded = worker.run_items(scratch, device, prob, "run-1")
+        with scratch.session(read_only=True) as s:
+            dev, p = repo.get_device_by_key(s, device.key), repo.get_problem_by_key(s, prob.key)
+            local = [m for m in repo.list_measurements(s, p.id, dev.id) if m.run_id == "run-1"]
+    finally:
+        scratch.dispose()
+    assert len(uploaded) == 3 and all("created_at" not in item for item in uploaded)
+
+    client.headers.update(WRITE_HEADERS)
+    body = worker.upload(client, device, prob, uploaded)
+    assert body["recorded"] == 3 and body["winner"]["strategy"] == RING
+
+    database = client.app.state.autotuner.database
+    with database.session(read_only=True) as s:
+        p = repo.get_problem_by_key(s, prob.key)
+        served = repo.list_measurements(s, p.id)
+    fields = [f for f in MEASUREMENT_INPUT_FIELDS if f != "created_at"]
+    assert [[getattr(m, f) for f in fields] for m in served] == \
+        [[getattr(m, f) for f in fields] for m in local]
+    for f in fields:  # each field is set somewhere above: none was dropped on the way
+        assert any(getattr(m, f) not in (None, (), 0) for m in served), f
+    assert served[0].memory == {"temp_size_in_bytes": 1024} and served[2].reason == "does not divide"
+    assert {m.host for m in served} == {"h1"}
