@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import shutil
 
-from autotuner import Device, Problem, store, worker
+from autotuner import Device, Problem
 from autotuner.measure import Candidate
+from autotuner.tune import store, worker
 from db import Database
 from db import repository as repo
 from db.records import MEASUREMENT_INPUT_FIELDS

@@ -303,9 +303,8 @@ def test_sharding_formats():
 # -- the command --------------------------------------------------------------------------------------
 
 def _app() -> typer.Typer:
-    from autotuner.cli.common import app
-
     import autotuner.cli.extract  # noqa: F401 - registers `extract` on the app
+    from autotuner.cli.common import app
 
     return app
 
