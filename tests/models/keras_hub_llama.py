@@ -67,7 +67,6 @@ def build(mesh: Mesh, sp: bool, layout: str = "megatron") -> tuple[Any, Any]:
     dist = keras.distribution.ModelParallel(layout_map=layout_map(device_mesh, sp, layout),
                                             batch_dim_name="data")
     with dist.scope():
-        keras.utils.set_random_seed(0)
         backbone = keras_hub.models.LlamaBackbone(
             vocabulary_size=meshes.VOCAB, num_layers=meshes.LAYERS, num_query_heads=meshes.HEADS,
             num_key_value_heads=meshes.HEADS, hidden_dim=meshes.HIDDEN, intermediate_dim=meshes.MLP,
