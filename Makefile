@@ -4,6 +4,7 @@ PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+MODELS := $(VENV)/.models-installed
 
 .PHONY: run test install lint clean
 
@@ -13,12 +14,17 @@ $(STAMP): pyproject.toml requirements.lock
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $(STAMP)
 
+# The `models` extra: third-party transformer libraries for tests/models (see requirements-models.lock).
+$(MODELS): $(STAMP) requirements-models.lock
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps -r requirements-models.lock
+	touch $(MODELS)
+
 install: $(STAMP)
 
 run: $(STAMP)
 	$(VENV)/bin/autotuner up
 
-test: $(STAMP)
+test: $(STAMP) $(MODELS)
 	scripts/test_deps.sh
 	$(PY) -m ruff check autotuner db service tests bench
 	$(PY) -m pytest

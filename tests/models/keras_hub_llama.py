@@ -1,0 +1,128 @@
+"""keras-hub's Llama (keras-hub 0.32.0 `LlamaCausalLM` on Keras 3.15.1, JAX backend) as factories for
+`autotuner extract`:
+
+    autotuner extract tests.models.keras_hub_llama:train_step_sp --mesh '{"data": 2, "model": 2}' --auto -o t.json
+
+Sharding is Keras's own distribution API: a `keras.distribution.DeviceMesh` over the mesh's devices,
+a `LayoutMap` and `ModelParallel(batch_dim_name="data")`, which places every variable as the layout
+map says when the model is built and shards the inputs' batch over data. The default layout is
+Megatron: query/key/value kernels [hidden, heads, head_dim] and the MLP gate/intermediate kernels
+column-parallel (heads / MLP units over model), attention_output and feedforward_output kernels
+row-parallel; embeddings replicated. Sequence parallelism (the `_sp` factories) is the same
+LayoutMap's layer-output entries (Keras relayouts a layer's output whose path matches, see
+keras/src/layers/layer.py): the outputs of token_embedding and of every transformer_layer_N are laid
+out (data, model, None), i.e. batch over data and sequence over model between blocks.
+
+`layout="keras_hub"` uses keras-hub's own `LlamaBackbone.get_layout_map` instead (the layout its
+docs show; it also shards the hidden dimension of every kernel, over model or data).
+
+`forward` is the model's logits; `train_step` is Keras's own `train_step` (value_and_grad of the
+compiled loss, sparse categorical cross entropy, and an AdamW `stateless_apply`), as `model.fit` runs it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+os.environ.setdefault("KERAS_BACKEND", "jax")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import keras  # noqa: E402
+import keras_hub  # noqa: E402
+from jax.sharding import Mesh, NamedSharding  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+from . import meshes  # noqa: E402
+from .meshes import data_model_mesh  # noqa: E402
+
+if keras.config.backend() != "jax":
+    raise ImportError(f"keras_hub_llama needs the Keras JAX backend, Keras runs {keras.config.backend()!r} "
+                      "(set KERAS_BACKEND=jax before importing keras)")
+
+
+def layout_map(device_mesh: Any, sp: bool, layout: str = "megatron") -> Any:
+    if layout == "keras_hub":
+        lm = keras_hub.models.LlamaBackbone.get_layout_map(
+            device_mesh, model_parallel_dim_name="model", data_parallel_dim_name="data")
+    elif layout == "megatron":
+        lm = keras.distribution.LayoutMap(device_mesh)
+        lm[r".*self_attention/(query|key|value)/kernel"] = (None, "model", None)
+        lm[r".*self_attention/attention_output/kernel"] = ("model", None, None)
+        lm[r".*feedforward_(gate|intermediate)_dense/kernel"] = (None, "model")
+        lm[r".*feedforward_output_dense/kernel"] = ("model", None)
+    else:
+        raise ValueError(f"layout must be 'megatron' or 'keras_hub', got {layout!r}")
+    if sp:
+        lm[r".*(token_embedding|transformer_layer_\d+)/output"] = ("data", "model", None)
+    return lm
+
+
+def build(mesh: Mesh, sp: bool, layout: str = "megatron") -> tuple[Any, Any]:
+    """(the compiled LlamaCausalLM, its ModelParallel distribution), variables placed on `mesh`."""
+    device_mesh = keras.distribution.DeviceMesh(tuple(mesh.devices.shape), tuple(mesh.axis_names),
+                                                list(mesh.devices.flat))
+    dist = keras.distribution.ModelParallel(layout_map=layout_map(device_mesh, sp, layout),
+                                            batch_dim_name="data")
+    with dist.scope():
+        backbone = keras_hub.models.LlamaBackbone(
+            vocabulary_size=meshes.VOCAB, num_layers=meshes.LAYERS, num_query_heads=meshes.HEADS,
+            num_key_value_heads=meshes.HEADS, hidden_dim=meshes.HIDDEN, intermediate_dim=meshes.MLP,
+            dtype="float32")
+        model = keras_hub.models.LlamaCausalLM(backbone=backbone, preprocessor=None)
+        model.compile(optimizer=keras.optimizers.AdamW(1e-3), sampler="greedy")
+        model.optimizer.build(model.trainable_variables)
+    return model, dist
+
+
+def _inputs(mesh: Mesh) -> tuple[dict[str, jax.Array], jax.Array, jax.Array]:
+    """(x, y, sample_weight): token ids and padding mask, next-token targets and their weights."""
+    ids = meshes.tokens(mesh)
+    data = NamedSharding(mesh, P("data", None))
+    y = jax.device_put(jnp.roll(ids, -1, axis=1), data)
+    w = jax.device_put(jnp.ones(ids.shape, jnp.int32).at[:, -1].set(0), data)
+    return {"token_ids": ids, "padding_mask": jax.device_put(jnp.ones(ids.shape, jnp.int32), data)}, y, w
+
+
+def forward(mesh: Mesh | None = None, sp: bool = False, layout: str = "megatron"
+            ) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """(jitted logits(trainable, non_trainable, x), its arguments) on a 2x2 (data, model) mesh."""
+    mesh = data_model_mesh(mesh)
+    model, dist = build(mesh, sp, layout)
+
+    def logits(trainable: list[jax.Array], non_trainable: list[jax.Array], x: dict[str, jax.Array]) -> jax.Array:
+        with dist.scope():   # the layer-output relayouts apply while tracing
+            out, _ = model.stateless_call(trainable, non_trainable, x)
+        return out
+
+    x, _, _ = _inputs(mesh)
+    return jax.jit(logits), ([v.value for v in model.trainable_variables],
+                             [v.value for v in model.non_trainable_variables], x)
+
+
+def train_step(mesh: Mesh | None = None, sp: bool = False, layout: str = "megatron"
+               ) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """(jitted Keras train_step(state, x, y, sample_weight) -> (logs, state), its arguments)."""
+    mesh = data_model_mesh(mesh)
+    model, dist = build(mesh, sp, layout)
+
+    def step(state: Any, x: dict[str, jax.Array], y: jax.Array, w: jax.Array) -> Any:
+        with dist.scope():
+            return model.train_step(state, (x, y, w))
+
+    state = tuple([v.value for v in vs] for vs in (
+        model.trainable_variables, model.non_trainable_variables, model.optimizer.variables,
+        model.metrics_variables))
+    return jax.jit(step), (state, *_inputs(mesh))
+
+
+def forward_sp(mesh: Mesh | None = None, layout: str = "megatron") -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """`forward` with sequence parallelism."""
+    return forward(mesh, sp=True, layout=layout)
+
+
+def train_step_sp(mesh: Mesh | None = None, layout: str = "megatron") -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """`train_step` with sequence parallelism."""
+    return train_step(mesh, sp=True, layout=layout)

@@ -1,0 +1,99 @@
+"""Penzai's Llama (penzai 0.2.5, `penzai.models.transformer.variants.llamalike_common`) as factories
+for `autotuner extract`:
+
+    autotuner extract tests.models.penzai_llama:forward_sp --mesh '{"data": 2, "model": 2}' --auto -o f.json
+
+Tensor parallelism is penzai's own name-based sharding (`penzai.toolshed.sharding_util`): each
+parameter is placed by its axis names, `heads` and `neurons` over `model` (Megatron: Q/K/V and the
+MLP gate/value projections column-parallel, the attention output and MLP out projections
+row-parallel), the token `batch` over `data`; the embedding table and the LM head stay replicated.
+Sequence parallelism (the `_sp` factories) is penzai's `ConstrainShardingByName` layer, inserted with
+penzai's own model rewiring (`pz.select`) after the embedding lookup and after every transformer
+block: the residual stream between blocks is laid out `batch` over data, `seq` over model.
+
+`forward` is the LM (logits); `train_step` is `jax.value_and_grad` of the next-token cross entropy
+plus an `optax.adamw` update of every parameter, the step penzai's `basic_training` runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh
+from penzai import pz
+from penzai.models.transformer import model_parts
+from penzai.models.transformer.variants import llamalike_common as ll
+from penzai.toolshed import sharding_util
+
+from . import meshes
+from .meshes import data_model_mesh
+
+PARAM_AXES = {"heads": "model", "neurons": "model"}
+ACTIVATION_AXES = {"batch": "data", "seq": "model"}
+
+
+def _config() -> ll.LlamalikeTransformerConfig:
+    return ll.LlamalikeTransformerConfig(
+        num_kv_heads=meshes.HEADS, query_head_multiplier=1, embedding_dim=meshes.HIDDEN,
+        projection_dim=meshes.HEAD_DIM, mlp_hidden_dim=meshes.MLP, num_decoder_blocks=meshes.LAYERS,
+        vocab_size=meshes.VOCAB, mlp_variant="swiglu", tie_embedder_and_logits=False)
+
+
+def build(mesh: Mesh, sp: bool) -> tuple[Any, Any]:
+    """(the model with its parameters unbound, the parameters placed on `mesh`)."""
+    model = ll.build_llamalike_transformer(_config(), init_base_rng=jax.random.key(0))
+    if sp:
+        constrain = sharding_util.ConstrainShardingByName(mesh, ACTIVATION_AXES)
+        model = (pz.select(model)
+                 .at_instances_of(model_parts.TransformerBlock | pz.nn.EmbeddingLookup)
+                 .apply(lambda layer: pz.nn.Sequential([layer, constrain])))
+    unbound, params = pz.unbind_params(model, freeze=True)
+    return unbound, sharding_util.name_to_name_device_put(params, mesh, PARAM_AXES)
+
+
+def _logits(unbound: Any) -> Callable[[Any, jax.Array], jax.Array]:
+    def logits(params: Any, tokens: jax.Array) -> jax.Array:
+        model = pz.bind_variables(unbound, params)
+        out = model(pz.nx.wrap(tokens).tag("batch", "seq"))
+        return out.unwrap("batch", "seq", "vocabulary")
+    return logits
+
+
+def forward(mesh: Mesh | None = None, sp: bool = False) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """(jitted logits(params, tokens), its arguments) on a 2x2 (data, model) mesh."""
+    mesh = data_model_mesh(mesh)
+    unbound, params = build(mesh, sp)
+    return jax.jit(_logits(unbound)), (params, meshes.tokens(mesh))
+
+
+def train_step(mesh: Mesh | None = None, sp: bool = False) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """(jitted step(params, opt_state, tokens) -> (params, opt_state, loss), its arguments)."""
+    mesh = data_model_mesh(mesh)
+    unbound, params = build(mesh, sp)
+    logits = _logits(unbound)
+    opt = optax.adamw(1e-3)
+
+    def loss_fn(params: Any, tokens: jax.Array) -> jax.Array:
+        logp = jax.nn.log_softmax(logits(params, tokens)[:, :-1], axis=-1)
+        return -jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1))
+
+    def step(params: Any, opt_state: Any, tokens: jax.Array) -> tuple[Any, Any, jax.Array]:
+        loss, grads = jax.value_and_grad(loss_fn)(params, tokens)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return jax.jit(step), (params, jax.jit(opt.init)(params), meshes.tokens(mesh))
+
+
+def forward_sp(mesh: Mesh | None = None) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """`forward` with sequence parallelism."""
+    return forward(mesh, sp=True)
+
+
+def train_step_sp(mesh: Mesh | None = None) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """`train_step` with sequence parallelism."""
+    return train_step(mesh, sp=True)

@@ -1,0 +1,89 @@
+"""Extraction on keras-hub's Llama (tests/models/keras_hub_llama.py): the pairs counted by hand.
+
+Counted from keras-hub 0.32.0 / Keras 3.15.1 (site-packages/...), L = 2 decoder layers
+(keras_hub/src/models/llama/llama_backbone.py:155). Per layer: query/key/value/attention_output
+are `EinsumDense` layers `bqm,muh->bquh`, `bkm,mvh->bkvh` (x2), `bquh,uhm->bqm`
+(llama_attention.py:62-109, called at :155, :161, :200), one `ops.einsum` each
+(keras/src/layers/core/einsum_dense.py:313); attention itself is `ops.dot_product_attention`
+(llama_attention.py:248, taken on the JAX backend: keras_hub/src/utils/keras_utils.py:59), heads
+local: no collective. The MLP is three `Dense` (llama_decoder.py:89-115, called at :167, :180,
+:182), one `ops.matmul` each (keras/src/layers/core/dense.py:222); residual adds at
+llama_decoder.py:163, :184. RMS norms scale elementwise (no dot). The LM head is the token
+embedding's reverse `ops.matmul` (llama_causal_lm.py:49, keras/src/layers/core/reversible_embedding.py:137),
+replicated.
+
+Tensor parallel only (Megatron LayoutMap, batch over data):
+- forward: attention_output and feedforward_output contract the model-sharded heads / MLP units:
+  an all-reduce over model into the residual add, 2 per layer, no decomposable pair.
+- training step (Keras's own train_step) adds per layer 5 all-reduces over model (input gradients of
+  query/key/value/gate/intermediate) and 7 over data (weight gradients), plus the LM head's weight
+  gradient: 2L + 5L + 7L + 1 all-reduces used whole, no pair.
+
+Sequence parallel (LayoutMap entries relayout token_embedding and every transformer_layer_N output
+to (data, model, None)):
+- forward per layer: one all-gather (seq) feeding query, key and value (3 pairs), a reduce-scatter
+  of attention_output (1), one all-gather feeding gate and intermediate (2), a reduce-scatter of
+  feedforward_output (1): 7 pairs, 4 distinct problems.
+- training step adds per layer 2 all-gathers of output gradients (feedforward_output and
+  attention_output, into their input-gradient dots) and 5 reduce-scatters of input gradients
+  (gate/intermediate, query/key/value): 7 more pairs, 4 more distinct problems; and 7 weight-gradient
+  dots fed by an all-gathered operand whose batch contraction over data needs an all-reduce: pairs
+  in the HLO, not Problems.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("KERAS_BACKEND", "jax")   # before keras is first imported (its default is TensorFlow)
+if os.environ["KERAS_BACKEND"] != "jax":
+    pytest.skip("the keras-hub tests need KERAS_BACKEND=jax", allow_module_level=True)
+pytest.importorskip("keras_hub", reason="install requirements-models.lock (`make test` does)")
+
+from autotuner.extract import extract_report  # noqa: E402
+
+from . import keras_hub_llama  # noqa: E402
+from .counts import sequence_collectives, summary  # noqa: E402
+from .meshes import LAYERS as L  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+AG, RS = "all_gather:lhs:free", "reduce_scatter:free_lhs"
+WHOLE, DATA = "all-reduce used whole", "contracting batch sharded over data"
+
+EXPECTED = {
+    "forward": {"pairs": 0, "occurrences": 0, "distinct": 0, "patterns": {}, "skipped": {WHOLE: 2 * L}},
+    "forward_sp": {"pairs": 7 * L, "occurrences": 7 * L, "distinct": 4,
+                   "patterns": {AG: 5 * L, RS: 2 * L}, "skipped": {}},
+    "train_step": {"pairs": 0, "occurrences": 0, "distinct": 0, "patterns": {},
+                   "skipped": {WHOLE: 2 * L + 5 * L + 7 * L + 1}},
+    "train_step_sp": {"pairs": 21 * L, "occurrences": 14 * L, "distinct": 8,
+                      "patterns": {AG: 5 * L + 2 * L, RS: 2 * L + 5 * L},
+                      "skipped": {DATA: 7 * L, WHOLE: 7 * L + 1}},
+}
+
+
+@pytest.mark.parametrize("factory", list(EXPECTED))
+def test_extraction_finds_the_hand_counted_pairs(factory: str) -> None:
+    fn, args = getattr(keras_hub_llama, factory)()
+    report = extract_report(fn, *args)
+    assert report.mesh == {"data": 2, "model": 2}
+    assert summary(report) == EXPECTED[factory]
+    assert sequence_collectives(report) == []
+
+
+def test_the_factories_run() -> None:
+    """The programs extraction reads are real: finite logits, and Keras's train_step lowers the loss."""
+    import jax.numpy as jnp
+
+    fn, args = keras_hub_llama.forward_sp()
+    logits = fn(*args)
+    assert logits.shape == (2, 32, 128) and bool(jnp.isfinite(logits).all())
+    step, (state, x, y, w) = keras_hub_llama.train_step_sp()
+    losses = []
+    for _ in range(3):
+        logs, state = step(state, x, y, w)
+        losses.append(float(logs["loss"]))
+    assert losses[-1] < losses[0]

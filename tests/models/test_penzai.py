@@ -1,0 +1,87 @@
+"""Extraction on penzai's Llama (tests/models/penzai_llama.py): the pairs counted by hand.
+
+Counted from penzai 0.2.5's code (site-packages/penzai/...), L = 2 blocks. Every projection is a
+`pz.nn.Linear`, one `jnp.einsum` (nn/linear_and_affine.py:354); per block
+(models/transformer/variants/llamalike_common.py) attention query/key/value/output (:296, :317,
+:331, :348), MLP gating_linear/value_linear/out_linear (:166, :176, :185), each sublayer wrapped in
+`pz.nn.Residual` (nn/combinators.py:61, `delta + value`); two RMS norms whose scale is a `Linear`
+with parallel axes (nn/standardization.py:187), a final norm (llamalike_common.py:499), an
+unsharded lm_head (:512). Attention scores and values are `NamedEinsum`s (:272, :340) with the heads
+local: no collective.
+
+Tensor parallel only (heads/neurons over model, batch over data, residual stream replicated over model):
+- forward: Q/K/V and gate/value are column-parallel (no collective); the attention output and MLP out
+  contract the sharded heads/neurons, so their partial sums are all-reduced over model and the whole
+  sum feeds the residual add: 2 per block, no decomposable pair.
+- training step adds, per block, the input gradients of the 5 column-parallel projections (dX
+  contracts the sharded heads/neurons: 5 all-reduces over model) and the 7 weight gradients (they
+  contract the data-sharded batch: 7 all-reduces over data); the 3 norm-scale gradients (2 per
+  block + the final norm: penzai's scale is a Linear, so its gradient is a dot) and the lm_head's
+  are all-reduced over data too. No pair: 2L + 5L + 7L + (2L + 1) + 1 all-reduces used whole.
+
+Sequence parallel (residual stream between blocks laid out batch over data, seq over model):
+- forward per block: one all-gather of the normed input (seq) feeding Q, K and V (3 pairs), a
+  reduce-scatter of the attention output into the residual (1), one all-gather feeding gate and
+  value (2), a reduce-scatter of MLP out (1): 7 pairs, 4 distinct problems (Q/K/V alike, gate/value
+  alike, the same in every block).
+- training step adds per block the transposes: the output gradient of MLP out and of the attention
+  output all-gathered (seq) into their input-gradient dots (2 pairs), the input gradients of
+  gate/value and Q/K/V reduce-scattered (seq) into the residual gradient (5 pairs): 7 more
+  decomposable pairs, 4 more distinct problems. The 7 weight gradients per block are dots fed by an
+  all-gathered operand too (7 more pairs in the HLO), but they also contract the data-sharded
+  batch, so their output needs an all-reduce over data: no single collective, not a Problem.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("penzai", reason="install requirements-models.lock (`make test` does)")
+pytest.importorskip("optax", reason="install requirements-models.lock (`make test` does)")
+
+from autotuner.extract import extract_report  # noqa: E402
+
+from . import penzai_llama  # noqa: E402
+from .counts import sequence_collectives, summary  # noqa: E402
+from .meshes import LAYERS as L  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+AG, RS = "all_gather:lhs:free", "reduce_scatter:free_lhs"
+WHOLE, DATA = "all-reduce used whole", "contracting batch sharded over data"
+NORM_SCALES = 2 * L + 1   # penzai's RMS norm scales are Linear layers: their gradients are dots
+
+EXPECTED = {
+    "forward": {"pairs": 0, "occurrences": 0, "distinct": 0, "patterns": {}, "skipped": {WHOLE: 2 * L}},
+    "forward_sp": {"pairs": 7 * L, "occurrences": 7 * L, "distinct": 4,
+                   "patterns": {AG: 5 * L, RS: 2 * L}, "skipped": {}},
+    "train_step": {"pairs": 0, "occurrences": 0, "distinct": 0, "patterns": {},
+                   "skipped": {WHOLE: 2 * L + 5 * L + 7 * L + NORM_SCALES + 1}},
+    "train_step_sp": {"pairs": 21 * L, "occurrences": 14 * L, "distinct": 8,
+                      "patterns": {AG: 5 * L + 2 * L, RS: 2 * L + 5 * L},
+                      "skipped": {DATA: 7 * L, WHOLE: 7 * L + NORM_SCALES + 1}},
+}
+
+
+@pytest.mark.parametrize("factory", list(EXPECTED))
+def test_extraction_finds_the_hand_counted_pairs(factory: str) -> None:
+    fn, args = getattr(penzai_llama, factory)()
+    report = extract_report(fn, *args)
+    assert report.mesh == {"data": 2, "model": 2}
+    assert summary(report) == EXPECTED[factory]
+    assert sequence_collectives(report) == []
+
+
+def test_the_factories_run() -> None:
+    """The programs extraction reads are real: the forward gives finite logits, a step lowers the loss."""
+    import jax.numpy as jnp
+
+    fn, args = penzai_llama.forward_sp()
+    logits = fn(*args)
+    assert logits.shape == (2, 32, 128) and bool(jnp.isfinite(logits).all())
+    step, (params, opt_state, tokens) = penzai_llama.train_step_sp()
+    losses = []
+    for _ in range(3):
+        params, opt_state, loss = step(params, opt_state, tokens)
+        losses.append(float(loss))
+    assert losses[-1] < losses[0]
