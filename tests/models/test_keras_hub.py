@@ -42,7 +42,7 @@ if os.environ["KERAS_BACKEND"] != "jax":
     pytest.skip("the keras-hub tests need KERAS_BACKEND=jax", allow_module_level=True)
 pytest.importorskip("keras_hub", reason="install requirements-models.lock (`make test` does)")
 
-from autotuner.extract import extract_report  # noqa: E402
+from autotuner.hlo import extract_report  # noqa: E402
 
 from . import keras_hub_llama  # noqa: E402
 from .counts import sequence_collectives, summary  # noqa: E402

@@ -39,7 +39,7 @@ import pytest
 pytest.importorskip("penzai", reason="install requirements-models.lock (`make test` does)")
 pytest.importorskip("optax", reason="install requirements-models.lock (`make test` does)")
 
-from autotuner.extract import extract_report  # noqa: E402
+from autotuner.hlo import extract_report  # noqa: E402
 
 from . import penzai_llama  # noqa: E402
 from .counts import sequence_collectives, summary  # noqa: E402
