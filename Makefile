@@ -24,10 +24,9 @@ install: $(STAMP)
 run: $(STAMP)
 	$(VENV)/bin/autotuner up
 
+# scripts/test.sh installs and starts PostgreSQL and chromium when root (else says what skips).
 test: $(STAMP) $(MODELS)
-	scripts/test_deps.sh
-	$(PY) -m ruff check autotuner db service tests bench
-	$(PY) -m pytest
+	PY=$(PY) scripts/test.sh
 
 lint: $(STAMP)
 	$(PY) -m ruff check autotuner db service tests bench
