@@ -11,10 +11,10 @@ import time
 import httpx
 import pytest
 import typer
-from autotuner.cli.common import app as cli_app
 from typer.testing import CliRunner
 
 import autotuner.cli.service  # noqa: F401 - registers lookup, snapshot and serve on the app
+from autotuner.cli.common import app as cli_app
 from service.testing import (
     DEVICE,
     RING,

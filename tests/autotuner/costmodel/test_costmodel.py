@@ -336,10 +336,10 @@ def _netns_ok() -> bool:
 @pytest.mark.timeout(600)
 def test_calibrate_command_on_the_lab_stores_a_usable_calibration(tmp_path) -> None:
     """`autotuner calibrate` on a 2-process lab: stored, loadable, predicts the suite."""
-    from autotuner.cli.common import app
     from typer.testing import CliRunner
 
     import autotuner.cli.costmodel  # noqa: F401 - registers `calibrate` on the app
+    from autotuner.cli.common import app
     from db import Database
 
     target = "lab:shared:2:2gbit" if _netns_ok() else "lab:none:2"
