@@ -10,7 +10,12 @@ from jax.sharding import Mesh
 from autotuner.problem import Problem, ProblemError
 from autotuner.strategies import allgather, reducescatter
 from autotuner.strategies._common import check_mesh, loop_trips, wrap
-from autotuner.strategies.baseline import compute_only, local_baseline, local_comm_only
+from autotuner.strategies.baseline import (
+    comm_out_spec,
+    compute_only,
+    local_baseline,
+    local_comm_only,
+)
 from autotuner.strategies.xla import compiler_options, plain_einsum
 from autotuner.strategy import Strategy, StrategyError
 
@@ -69,7 +74,8 @@ def build_parts(problem: Problem, mesh: Mesh) -> tuple[Callable, Callable]:
     check_mesh(problem, mesh)
     if problem.pattern.kind == "none":
         raise ProblemError("problem", "a local einsum has no collective to time")
-    return wrap(problem, mesh, local_comm_only(problem)), compute_only(problem, mesh)
+    comm = wrap(problem, mesh, local_comm_only(problem), comm_out_spec(problem))
+    return comm, compute_only(problem, mesh)
 
 
 __all__ += ["ProblemError"]

@@ -35,11 +35,13 @@ def constrain(x: jax.Array, mesh: Mesh, spec: PartitionSpec) -> jax.Array:
     return lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 
 
-def wrap(problem: Problem, mesh: Mesh, local_fn: Callable[[jax.Array, jax.Array], jax.Array]
-         ) -> Callable[[jax.Array, jax.Array], jax.Array]:
-    """A jittable function of the global arrays running `local_fn` per device via shard_map."""
+def wrap(problem: Problem, mesh: Mesh, local_fn: Callable[[jax.Array, jax.Array], jax.Array],
+         out_spec: Sequence[Entry] | None = None) -> Callable[[jax.Array, jax.Array], jax.Array]:
+    """A jittable function of the global arrays running `local_fn` per device via shard_map.
+    `out_spec` (default: the problem's) is the spec of what `local_fn` returns."""
     check_mesh(problem, mesh)
-    ls, rs, os_ = pspec(problem.lhs.spec), pspec(problem.rhs.spec), pspec(problem.out_spec)
+    os_ = pspec(problem.out_spec if out_spec is None else out_spec)
+    ls, rs = pspec(problem.lhs.spec), pspec(problem.rhs.spec)
     mapped = jax.shard_map(local_fn, mesh=mesh, in_specs=(ls, rs), out_specs=os_, check_vma=False)
     dtype = jnp.dtype(problem.dtype)
 

@@ -12,7 +12,7 @@ import jax
 from jax import lax
 from jax.sharding import Mesh
 
-from autotuner.problem import Problem
+from autotuner.problem import Entry, Problem
 from autotuner.strategies._common import Layout, check_mesh, pspec
 
 
@@ -64,6 +64,19 @@ def local_comm_only(problem: Problem) -> Callable[[jax.Array, jax.Array], jax.Ar
 
         return rs
     return lambda lhs, rhs: lhs
+
+
+def comm_out_spec(problem: Problem) -> tuple[Entry, ...]:
+    """The spec of what `local_comm_only` returns: the gathered operand (its collective axis gone
+    from the gathered letter, so its rank is the operand's, not the einsum output's), or the
+    scattered result."""
+    p, pat = problem, problem.pattern
+    if pat.kind != "all_gather":
+        return tuple(p.out_spec)
+    spec = list(p.lhs.spec if pat.operand == "lhs" else p.rhs.spec)
+    i = (p.eq.lhs if pat.operand == "lhs" else p.eq.rhs).index(pat.letter)
+    spec[i] = tuple(spec[i][:-1])
+    return tuple(spec)
 
 
 def compute_only(problem: Problem, mesh: Mesh) -> Callable[[jax.Array, jax.Array], jax.Array]:

@@ -15,10 +15,6 @@ import pytest
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
-# Issue 14 item 1: the harness times the collective alone wrapped in the problem's out_spec, which
-# has the einsum output's rank, not the gathered operand's (e.g. abc,cde->abde), and item 2: that
-# crash aborts the batch. The test asserts the goal and reports exactly this failure as xfail.
-KNOWN_CRASH = "was given an out_specs entry which is too long"
 
 
 def run(args: list[str], timeout: float = 600) -> subprocess.CompletedProcess:
@@ -40,9 +36,6 @@ def test_extract_then_tune_every_problem(tmp_path: Path, module: str, library: s
 
     r = run(["tune", "--problems", str(problems), "--target", "inproc:4", "--trials", "6",
              "--reps", "3", "--json", "--db", f"sqlite:///{tmp_path / 'a.db'}"])
-    if r.returncode != 0 and KNOWN_CRASH in r.stderr:
-        pytest.xfail("issue 14 items 1-2: the harness crashes on a rank-changing all-gather problem "
-                     "and the crash aborts the batch")
     assert r.returncode == 0, r.stderr[-3000:]
     lines = [json.loads(x) for x in r.stdout.splitlines()]
     assert sorted(x["key"] for x in lines) == sorted(doc["keys"])

@@ -158,3 +158,46 @@ def test_build_is_jittable_inside_a_larger_program():
 
     assert abs(float(prog(a, b)) - float((reference(p, a * 2, b) + 1.0).sum())) < 1e-3 * abs(
         float((reference(p, a * 2, b) + 1.0).sum())) + 1e-3
+
+
+
+def run_parts(p: Problem) -> dict:
+    """The harness's two halves (collective alone, einsum alone) compiled and run through the
+    in-process harness exactly as `tune` does; returns the results of one run of each."""
+    from autotuner.measure.local import LocalRunner
+    from autotuner.measure.session import COMM, COMP
+
+    session = LocalRunner(make_mesh(p), warmup=1)
+    statuses = session.prepare(p, [Strategy("baseline")])
+    assert statuses[0].get("reason") is None, statuses[0]
+    return {k: jax.block_until_ready(session.programs[k][0](*session.programs[k][1])) for k in (COMM, COMP)}
+
+
+@pytest.mark.parametrize("seed", SEEDS[:16])
+def test_harness_parts_run_for_every_problem_shape(seed):
+    """The parts build and run for the problems extraction emits, rank-changing ones included:
+    the collective alone returns the gathered operand (its rank, not the einsum output's) or the
+    scattered result."""
+    from autotuner.measure.session import COMM
+
+    rng = np.random.default_rng(1000 + seed)
+    p = random_problem(rng, kind=("all_gather", "reduce_scatter")[seed % 2], n=seed // 2 % 4 + 2)
+    got = run_parts(p)[COMM]
+    if p.pattern.kind == "all_gather":
+        gathered = p.lhs if p.pattern.operand == "lhs" else p.rhs
+        assert got.shape == tuple(gathered.shape), p.describe()
+    else:
+        assert got.shape == p.out_shape, p.describe()
+
+
+def test_harness_parts_of_a_rank_changing_all_gather():
+    """The QKV projection of a sequence-parallel Llama: [b, s/x, d] gathered on s, then
+    `abc,cde->abde` (3-D in, 4-D out). The collective alone once crashed the harness (issue 14)."""
+    from autotuner.measure.session import COMM
+
+    p = Problem.from_dict({"equation": "abc,cde->abde",
+                           "lhs": {"shape": [2, 16, 8], "spec": [None, "x", None]},
+                           "rhs": {"shape": [8, 4, 6], "spec": [None, None, None]},
+                           "out_spec": [None, None, None, None], "dtype": "float32", "mesh": {"x": 4}})
+    assert run_parts(p)[COMM].shape == (2, 16, 8)
+    check_all(p, autotuner.space(p))
