@@ -25,7 +25,7 @@ TARGET is MODULE:FUNCTION, MODULE a dotted module name or a path to a .py file.
 
 Without --args, FUNCTION is a factory returning (fn, args) or (fn, args, kwargs); it is called with --kwargs, plus mesh=(the --mesh as a jax Mesh) when --mesh is given and it takes a `mesh` parameter. Example: autotuner extract autotuner.examples.transformer:example --out problems.json
 
-With --args SPEC, FUNCTION is the program itself, called with one abstract argument per SPEC item (no data needed). SPEC is a JSON list, or @FILE holding one, of objects {"shape": list of sizes, "dtype": "float32", "spec": one entry per dimension, null or a mesh axis name or a list of names}. The axes are those of --mesh (required), e.g. '{"model": 4}', built over the first devices with Auto axis types (GSPMD propagates shardings through plain jnp code; --explicit for explicit sharding).
+With --args SPEC, FUNCTION is the program itself, called with one abstract argument per SPEC item (no data needed). SPEC is a JSON list, or @FILE holding one, of objects {"shape": list of sizes, "dtype": "float32", "spec": one entry per dimension, null or a mesh axis name or a list of names}. The axes are those of --mesh (required), e.g. '{"model": 4}', built over the first devices with Auto axis types (GSPMD propagates shardings through plain jnp code; --explicit for explicit sharding). Every skipped pair is listed with its reason on stderr (-q for the number only).
 
 The program is compiled, not run, on in-process CPU devices (--devices, default the mesh size, else 8). The file is a JSON object with "problems" and "counts" (what `autotuner tune --problems` reads) unless --out ends in .jsonl (problems only, one per line) or .yaml/.yml (a YAML list). Tune it on a target of the problems' mesh size, e.g. --target inproc:4. Counts are runs per program call: occurrences times the trip counts of enclosing scan/fori_loop loops.
 """
@@ -196,7 +196,10 @@ def extract_cmd(
                                            "sharding (the factory default) or GSPMD-propagated "
                                            "(the --args default)")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="one JSON object per problem on stdout")] = False,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="say why each skipped pair was skipped")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v", hidden=True,
+                                          help="kept for old scripts: reasons are printed by default")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="do not list the skipped pairs and "
+                                        "their reasons (only their number)")] = False,
 ) -> None:
     from autotuner.measure.targets import TargetError
 
@@ -250,9 +253,9 @@ def extract_cmd(
     err.print(f"{len(report.problems)} problem(s), {total} occurrence(s) from {report.pairs} "
               f"collective/dot pair(s) on mesh {report.mesh}; wrote {out}", highlight=False)
     if report.skipped:
-        err.print(f"{len(report.skipped)} pair(s) skipped" + ("" if verbose else " (--verbose says why)"),
+        err.print(f"{len(report.skipped)} pair(s) skipped" + (" (-q: reasons not listed)" if quiet else ":"),
                   highlight=False)
-        if verbose:
+        if not quiet:
             for where, why in report.skipped:
                 err.print(f"  {where}: {why}", highlight=False)
     if not report.problems:

@@ -356,3 +356,25 @@ def test_cli_fresh_process_sets_up_its_devices(tmp_path):
     assert res.returncode == 0, res.stderr
     assert "on 4 in-process CPU devices" in res.stderr
     assert len(load_problems(out)) == 4
+
+
+def test_cli_lists_skipped_pairs_with_reasons_by_default(tmp_path, mesh4):
+    """Issue 14 item 5: a program with only an all-reduce (contracting dim sharded, result used
+    whole) has no problem; `extract` says which pair was skipped and why without -v, and -q keeps
+    only the number."""
+    prog = tmp_path / "ar.py"
+    prog.write_text(textwrap.dedent("""
+        import jax.numpy as jnp
+
+        def down(x, w):
+            return jnp.tanh(jnp.einsum("sf,fd->sd", x, w))
+    """))
+    spec = [{"shape": [16, 32], "spec": [None, "model"]}, {"shape": [32, 8], "spec": ["model", None]}]
+    base = ["extract", f"{prog}:down", "--args", json.dumps(spec), "--mesh", '{"model": 4}',
+            "--out", str(tmp_path / "p.json")]
+    res = CliRunner().invoke(_app(), base)
+    assert res.exit_code == 0, res.output
+    assert "1 pair(s) skipped:" in res.output and "all-reduce" in res.output, res.output
+    quiet = CliRunner().invoke(_app(), [*base, "-q"])
+    assert quiet.exit_code == 0, quiet.output
+    assert "1 pair(s) skipped" in quiet.output and "all-reduce" not in quiet.output, quiet.output
