@@ -146,13 +146,9 @@ class LocalRunner:
 
     @staticmethod
     def _comp_specs(problem: Problem) -> tuple[list, list]:
-        ls, rs = list(problem.lhs.spec), list(problem.rhs.spec)
-        pat = problem.pattern
-        if pat.kind == "all_gather":
-            spec, letters = (ls, problem.eq.lhs) if pat.operand == "lhs" else (rs, problem.eq.rhs)
-            i = letters.index(pat.letter)
-            spec[i] = spec[i][:-1]
-        return ls, rs
+        from autotuner.strategies.baseline import gathered_specs
+
+        return gathered_specs(problem)
 
     def time(self, program: int | str) -> float:
         fn, args = self.programs[program]

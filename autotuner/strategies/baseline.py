@@ -66,17 +66,25 @@ def local_comm_only(problem: Problem) -> Callable[[jax.Array, jax.Array], jax.Ar
     return lambda lhs, rhs: lhs
 
 
-def comm_out_spec(problem: Problem) -> tuple[Entry, ...]:
-    """The spec of what `local_comm_only` returns: the gathered operand (its collective axis gone
-    from the gathered letter, so its rank is the operand's, not the einsum output's), or the
-    scattered result."""
+def gathered_specs(problem: Problem) -> tuple[list[Entry], list[Entry]]:
+    """(lhs spec, rhs spec) after the baseline's all-gather: the collective axis dropped from the
+    gathered letter of the gathered operand (unchanged for a reduce-scatter)."""
     p, pat = problem, problem.pattern
+    ls, rs = list(p.lhs.spec), list(p.rhs.spec)
+    if pat.kind == "all_gather":
+        spec, letters = (ls, p.eq.lhs) if pat.operand == "lhs" else (rs, p.eq.rhs)
+        i = letters.index(pat.letter)
+        spec[i] = tuple(spec[i][:-1])
+    return ls, rs
+
+
+def comm_out_spec(problem: Problem) -> tuple[Entry, ...]:
+    """The spec of what `local_comm_only` returns: the gathered operand (so its rank is the
+    operand's, not the einsum output's), or the scattered result."""
+    pat = problem.pattern
     if pat.kind != "all_gather":
-        return tuple(p.out_spec)
-    spec = list(p.lhs.spec if pat.operand == "lhs" else p.rhs.spec)
-    i = (p.eq.lhs if pat.operand == "lhs" else p.eq.rhs).index(pat.letter)
-    spec[i] = tuple(spec[i][:-1])
-    return tuple(spec)
+        return tuple(problem.out_spec)
+    return tuple(gathered_specs(problem)[0 if pat.operand == "lhs" else 1])
 
 
 def compute_only(problem: Problem, mesh: Mesh) -> Callable[[jax.Array, jax.Array], jax.Array]:
@@ -84,12 +92,7 @@ def compute_only(problem: Problem, mesh: Mesh) -> Callable[[jax.Array, jax.Array
     (its input spec loses the collective axis), or the un-scattered partial result."""
     p, pat = problem, problem.pattern
     lay = Layout(p, pat.axis or "", p.axis_size)
-    ls, rs = list(p.lhs.spec), list(p.rhs.spec)
-    if pat.kind == "all_gather":
-        spec = ls if pat.operand == "lhs" else rs
-        letters = p.eq.lhs if pat.operand == "lhs" else p.eq.rhs
-        i = letters.index(pat.letter)
-        spec[i] = spec[i][:-1]
+    ls, rs = gathered_specs(p)
     # reduce-scatter: out_spec kept, so each device's block is its whole unreduced partial
     # result (the global array is axis_size times larger along the scattered letter).
     check_mesh(p, mesh)
