@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# System services the test suite needs; sourced by .ci/run (under `set -euo pipefail`).
+# System services the test suite needs; sourced by scripts/test.sh (`make test`) when root, under `set -euo pipefail`.
 #
 # PostgreSQL 15 from Debian: installed if missing, cluster 15/main started if it is not running,
 # a password set for user `postgres`, the test database created. Then it exports
