@@ -5,16 +5,17 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import jax
+import jax.numpy as jnp
 from jax.sharding import Mesh
 
-from autotuner.problem import Problem, ProblemError
+from autotuner.problem import Entry, Problem, ProblemError
 from autotuner.strategies import allgather, reducescatter
-from autotuner.strategies._common import check_mesh, loop_trips, wrap
+from autotuner.strategies._common import check_mesh, constrain, loop_trips, pspec, wrap
 from autotuner.strategies.baseline import compute_only, local_baseline, local_comm_only
 from autotuner.strategies.xla import compiler_options, plain_einsum
 from autotuner.strategy import Strategy, StrategyError
 
-__all__ = ["build", "build_parts", "check_valid", "compiler_options", "loop_trips"]
+__all__ = ["build", "build_parts", "check_valid", "comm_out_spec", "compiler_options", "loop_trips"]
 
 
 def check_valid(problem: Problem, s: Strategy) -> None:
@@ -65,11 +66,34 @@ def build(problem: Problem, strategy: Strategy, mesh: Mesh) -> Callable[[jax.Arr
 
 
 def build_parts(problem: Problem, mesh: Mesh) -> tuple[Callable, Callable]:
-    """(collective alone, einsum alone) for the harness's bound; see baseline.py."""
+    """(collective alone, einsum alone) for the harness's bound; see baseline.py.
+
+    The collective alone returns what the collective produces, laid out as `comm_out_spec`: for an
+    all-gather that is the gathered operand (its rank, not the einsum output's: `abc,cde->abde`
+    gathers a rank-3 operand into a rank-4 einsum), for a reduce-scatter the scattered output."""
     check_mesh(problem, mesh)
     if problem.pattern.kind == "none":
         raise ProblemError("problem", "a local einsum has no collective to time")
-    return wrap(problem, mesh, local_comm_only(problem)), compute_only(problem, mesh)
+    ls, rs = pspec(problem.lhs.spec), pspec(problem.rhs.spec)
+    comm = jax.shard_map(local_comm_only(problem), mesh=mesh, in_specs=(ls, rs),
+                         out_specs=pspec(comm_out_spec(problem)), check_vma=False)
+    dtype = jnp.dtype(problem.dtype)
+
+    def comm_fn(lhs: jax.Array, rhs: jax.Array) -> jax.Array:
+        return comm(constrain(jnp.asarray(lhs, dtype), mesh, ls), constrain(jnp.asarray(rhs, dtype), mesh, rs))
+
+    return comm_fn, compute_only(problem, mesh)
+
+
+def comm_out_spec(problem: Problem) -> tuple[Entry, ...]:
+    """The layout of the collective's own result: the gathered operand's spec without the collective
+    axis on the gathered letter (all-gather), or the problem's out_spec (reduce-scatter)."""
+    pat = problem.pattern
+    if pat.kind != "all_gather":
+        return problem.out_spec
+    letters, spec = (problem.eq.lhs, problem.lhs.spec) if pat.operand == "lhs" else (problem.eq.rhs, problem.rhs.spec)
+    i = letters.index(pat.letter)
+    return tuple(e[:-1] if j == i else e for j, e in enumerate(spec))
 
 
 __all__ += ["ProblemError"]
