@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotuner.hlo.evaluate import manual_computations, multiplicity
+from autotuner.hlo.names import problem_names
 from autotuner.hlo.pairs import ExtractReport, Pair, find_pairs, skip
 from autotuner.hlo.shardings import MeshInfo, parse_sharding, tiling_spec
 from autotuner.hlo.text import DTYPES, ExtractError, HloModule, Instr, parse_hlo
@@ -187,6 +188,7 @@ def extract_from_hlo(propagated: str, partitioned: str, mesh: Mapping[str, int] 
     pre_dots = [pre.instrs[n] for n in pre.order if pre.instrs[n].opcode == "dot"]
     used: set[str] = set()
     found: dict[str, list[Any]] = {}
+    ops: dict[str, list[str]] = {}   # problem key -> op_names of its dots, for its name
     for pair in pairs:
         where = pair.where()
         if pair.dot.computation in manual_computations(post):
@@ -212,6 +214,8 @@ def extract_from_hlo(propagated: str, partitioned: str, mesh: Mapping[str, int] 
             continue
         slot = found.setdefault(result.key, [result, 0])
         slot[1] += times.get(pair.dot.computation, 1)
+        ops.setdefault(result.key, []).append(pair.dot.op_name)
         log.debug("extract: %s -> %s", where, result.describe())
     problems = [(p, c) for p, c in found.values()]
-    return ExtractReport(problems, skipped, len(pairs), post.num_partitions, info.as_dict())
+    names = problem_names([ops[p.key] for p, _ in problems])
+    return ExtractReport(problems, skipped, len(pairs), post.num_partitions, info.as_dict(), names)
