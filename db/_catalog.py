@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any, TypeVar
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from db._common import check_values, insert, utcnow
@@ -84,11 +84,16 @@ def upsert_problem(s: Session, **values: Any) -> ProblemRecord:
     """Store a problem unless its ``key`` exists; return the stored row either way.
 
     ``values`` are the fields of :class:`~db.records.ProblemRecord` but ``id`` and
-    ``created_at``; ``m, n, k, b`` feed :func:`~db.repository.nearest_winners`.
+    ``created_at``; ``m, n, k, b`` feed :func:`~db.repository.nearest_winners`. ``name``
+    (optional) labels a stored problem that has none yet; a stored name never changes.
     """
     checked = check_values(_PROBLEM, values)
     checked.update({"l" + e: log_feature(checked[e]) for e in EXTENTS})
-    return problem_record(_upsert_by_key(s, Problem, checked))
+    row = _upsert_by_key(s, Problem, checked)
+    if row.name is None and checked["name"] is not None:
+        s.execute(update(Problem).where(Problem.id == row.id, Problem.name.is_(None)).values(name=checked["name"]))
+        s.refresh(row)
+    return problem_record(row)
 
 
 def get_problem(s: Session, problem_id: int) -> ProblemRecord | None:

@@ -56,6 +56,7 @@ def row_converter(record: type[R]) -> Callable[..., R]:
 calibration_record = row_converter(r.CalibrationRecord)
 demand_record = row_converter(r.DemandRecord)
 device_record = row_converter(r.DeviceRecord)
+failure_record = row_converter(r.FailureRecord)
 job_record = row_converter(r.JobRecord)
 measurement_record = row_converter(r.MeasurementRecord)
 problem_record = row_converter(r.ProblemRecord)

@@ -47,6 +47,7 @@ from db.records import (
     CalibrationRecord,
     DemandRecord,
     DeviceRecord,
+    FailureRecord,
     JobRecord,
     MeasurementRecord,
     ProblemRecord,
@@ -64,6 +65,7 @@ __all__ = [
     "Calibration",
     "Demand",
     "Device",
+    "Failure",
     "Measurement",
     "Problem",
     "Token",
@@ -220,6 +222,16 @@ class Winner(Base, record=WinnerRecord):
         Index(None, "method"),
         Index(None, "updated_at"),
     )
+
+    device_id: Mapped[int] = _parent("devices")
+    problem_id: Mapped[int] = _parent("problems")
+
+
+class Failure(Base, record=FailureRecord):
+    """A problem that could not be tuned on a device (the latest failure), see FailureRecord."""
+
+    __tablename__ = "failures"
+    __table_args__ = (UniqueConstraint("device_id", "problem_id"), Index(None, "problem_id"))
 
     device_id: Mapped[int] = _parent("devices")
     problem_id: Mapped[int] = _parent("problems")

@@ -26,6 +26,7 @@ __all__ = [
     "CalibrationRecord",
     "DemandRecord",
     "DeviceRecord",
+    "FailureRecord",
     "JobRecord",
     "MeasurementInput",
     "MeasurementRecord",
@@ -90,6 +91,7 @@ class ProblemRecord:
     b: float
     flops: float
     comm_bytes: float
+    name: str | None = text(256)
     created_at: datetime
 
 
@@ -189,6 +191,25 @@ class ProblemRow:
     problem: ProblemRecord
     device: DeviceRecord | None
     winner: WinnerRecord | None
+
+
+@dataclass(frozen=True, slots=True)
+class FailureRecord:
+    """A problem that could not be tuned on a device: its harness raised, or every candidate
+    (the baseline included) failed. ``error`` says why (one line first), ``name`` is the label
+    the tuning run gave the problem. One per (device, problem), the latest failure; removed when
+    the problem is tuned there."""
+
+    id: int
+    device_id: int
+    problem_id: int
+    device_key: str = joined()
+    problem_key: str = joined()
+    name: str | None = text(256)
+    error: str = long_text()
+    run_id: str | None = text(64)
+    host: str | None = text(256)
+    created_at: datetime
 
 
 @dataclass(frozen=True, slots=True)

@@ -33,6 +33,7 @@ from db._catalog import (
     upsert_problem,
 )
 from db._common import named_lock
+from db._failures import clear_failure, list_failures, record_failure
 from db._listing import SORT_KEYS, list_problems
 from db._nearest import nearest_winners
 from db._queue import (
@@ -65,6 +66,7 @@ __all__ = [
     "add_token",
     "check_token",
     "choose_winner",
+    "clear_failure",
     "claim_job",
     "enqueue_job",
     "ensure_optuna_schema",
@@ -80,6 +82,7 @@ __all__ = [
     "heartbeat_job",
     "list_calibrations",
     "list_demand",
+    "list_failures",
     "list_devices",
     "list_jobs",
     "list_measurements",
@@ -90,6 +93,7 @@ __all__ = [
     "log_feature",
     "nearest_winners",
     "optuna_storage_url",
+    "record_failure",
     "record_measurements",
     "record_miss",
     "recompute_winner",

@@ -21,13 +21,15 @@ from autotuner.cli.common import app, err, fail
 
 HELP = """Extract the sharded einsums of a JAX program into a problems file for `autotuner tune`.
 
-TARGET is MODULE:FUNCTION, MODULE a dotted module name or a path to a .py file.
+TARGET is MODULE:FUNCTION, MODULE a dotted module name or a path to a .py file (a file under the current directory is imported by its dotted name, so its relative imports work).
 
 Without --args, FUNCTION is a factory returning (fn, args) or (fn, args, kwargs); it is called with --kwargs, plus mesh=(the --mesh as a jax Mesh) when --mesh is given and it takes a `mesh` parameter. Example: autotuner extract autotuner.examples.transformer:example --out problems.json
 
-With --args SPEC, FUNCTION is the program itself, called with one abstract argument per SPEC item (no data needed). SPEC is a JSON list, or @FILE holding one, of objects {"shape": list of sizes, "dtype": "float32", "spec": one entry per dimension, null or a mesh axis name or a list of names}. The axes are those of --mesh (required), e.g. '{"model": 4}', built over the first devices with Auto axis types (GSPMD propagates shardings through plain jnp code; --explicit for explicit sharding). Every skipped pair is listed with its reason on stderr (-q for the number only).
+With --args SPEC, FUNCTION is the program itself, called with one abstract argument per SPEC item (no data needed). SPEC is a JSON list, or @FILE holding one, of objects {"shape": list of sizes, "dtype": "float32", "spec": one entry per dimension, null or a mesh axis name or a list of names}. The axes are those of --mesh (required), e.g. '{"model": 4}', built over the first devices.
 
-The program is compiled, not run, on in-process CPU devices (--devices, default the mesh size, else 8). The file is a JSON object with "problems" and "counts" (what `autotuner tune --problems` reads) unless --out ends in .jsonl (problems only, one per line) or .yaml/.yml (a YAML list). Tune it on a target of the problems' mesh size, e.g. --target inproc:4. Counts are runs per program call: occurrences times the trip counts of enclosing scan/fori_loop loops.
+The mesh (both forms) has Auto axis types: GSPMD propagates shardings through plain jnp code, as models written for `jax.jit` expect; --explicit gives Explicit axis types (sharding in types).
+
+The program is compiled, not run, on in-process CPU devices (--devices, default the mesh size, else 8). Every skipped collective/dot pair is printed with its reason (-q: only their number). Each problem gets a readable name from the dots' op_name metadata (the model's name stack, e.g. self_attention/query; grad/ for a backward dot, #2 on repeats). The file is a JSON object with "problems", "counts" and "names" (what `autotuner tune --problems` reads) unless --out ends in .jsonl (problems only, one per line) or .yaml/.yml (a YAML list). Tune it on a target of the problems' mesh size, e.g. --target inproc:4. Counts are runs per program call: occurrences times the trip counts of enclosing scan/fori_loop loops.
 """
 
 
@@ -70,25 +72,43 @@ def _setup_devices(n: int) -> None:
         fail(f"needs {n} devices but JAX is already initialised with {have}")
 
 
+def _dotted(path: Path) -> str | None:
+    """`tests/models/x.py` -> `tests.models.x` when the file lies under the current directory and
+    every part is an identifier (then relative imports inside it work), else None."""
+    try:
+        rel = path.resolve().relative_to(Path.cwd().resolve())
+    except ValueError:
+        return None
+    parts = [*rel.parts[:-1], rel.stem]
+    return ".".join(parts) if all(p.isidentifier() for p in parts) else None
+
+
 def _load_target(target: str) -> Any:
     if ":" not in target:
         fail(f"{target!r}: expected MODULE:FUNCTION, e.g. autotuner.examples.transformer:example")
     mod_name, _, attr = target.rpartition(":")
+    if "" not in sys.path:
+        sys.path.insert(0, "")
     try:
         if mod_name.endswith(".py") or "/" in mod_name:
             path = Path(mod_name)
             if not path.is_file():
                 fail(f"{target!r}: no file {path}")
-            spec = importlib.util.spec_from_file_location(path.stem, path)
-            assert spec is not None and spec.loader is not None
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[path.stem] = module
-            spec.loader.exec_module(module)
+            dotted = _dotted(path)
+            if dotted is not None:
+                module = importlib.import_module(dotted)
+            else:
+                spec = importlib.util.spec_from_file_location(path.stem, path)
+                assert spec is not None and spec.loader is not None
+                module = importlib.util.module_from_spec(spec)
+                sys.modules[path.stem] = module
+                spec.loader.exec_module(module)
         else:
-            if "" not in sys.path:
-                sys.path.insert(0, "")
             module = importlib.import_module(mod_name)
     except ImportError as e:
+        if "relative import" in str(e):
+            fail(f"{target!r}: {mod_name} uses relative imports, which need its package: run from the "
+                 "directory above the package, or name it as a dotted module (pkg.mod:FUNCTION)")
         fail(f"{target!r}: cannot import {mod_name}: {e}")
     obj: Any = module
     for part in attr.split("."):
@@ -163,8 +183,10 @@ def _from_factory(factory: Any, mesh: Any, kwargs: dict[str, Any]) -> tuple[Any,
     return fn, tuple(args) if isinstance(args, (list, tuple)) else (args,), dict(fkw)
 
 
-def write_problems(path: Path, problems: list[tuple[Any, int]], source: str) -> None:
-    """JSON object {problems, counts} (default), JSONL of problems, or a YAML list, by suffix."""
+def write_problems(path: Path, problems: list[tuple[Any, int]], source: str,
+                   names: list[str] | None = None) -> None:
+    """JSON object {source, counts, keys, names, problems} (default), JSONL of problems, or a YAML
+    list, by suffix."""
     dicts = [p.to_dict() for p, _ in problems]
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
@@ -174,11 +196,22 @@ def write_problems(path: Path, problems: list[tuple[Any, int]], source: str) -> 
 
         text = yaml.safe_dump(dicts, sort_keys=False)
     else:
-        head = {"source": source, "counts": [c for _, c in problems], "keys": [p.key for p, _ in problems]}
+        head = {"source": source, "counts": [c for _, c in problems], "keys": [p.key for p, _ in problems],
+                "names": list(names) if names and len(names) == len(problems) else [None] * len(problems)}
         body = ",\n".join("  " + json.dumps(d) for d in dicts)
         text = json.dumps(head)[:-1] + ', "problems": [\n' + body + ("\n" if dicts else "") + "]}\n"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
+
+
+def _hint(explicit: bool, mesh: Any) -> str:
+    if mesh is None or explicit:
+        return ""
+    return " (the mesh has Auto axis types; a program written for sharding in types needs --explicit)"
+
+
+def _first_line(e: BaseException) -> str:
+    return next((x.strip() for x in str(e).splitlines() if x.strip()), type(e).__name__)[:500]
 
 
 @app.command("extract", help=HELP)
@@ -192,14 +225,12 @@ def extract_cmd(
                                                 help="in-process CPU devices (default: mesh size or 8)")] = None,
     kwargs: Annotated[str | None, typer.Option("--kwargs", help="JSON object of keyword arguments "
                                                "for the factory")] = None,
-    explicit: Annotated[bool | None, typer.Option("--explicit/--auto", help="mesh axis types: explicit "
-                                           "sharding (the factory default) or GSPMD-propagated "
-                                           "(the --args default)")] = None,
+    explicit: Annotated[bool, typer.Option("--explicit/--auto", help="mesh axis types: Explicit, or Auto "
+                                           "(GSPMD-propagated, the default)")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="one JSON object per problem on stdout")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="count the skipped pairs, do not list them")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", hidden=True,
-                                          help="kept for old scripts: reasons are printed by default")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="do not list the skipped pairs and "
-                                        "their reasons (only their number)")] = False,
+                                          help="accepted for compatibility: skipped pairs are listed by default")] = False,
 ) -> None:
     from autotuner.measure.targets import TargetError
 
@@ -222,7 +253,7 @@ def extract_cmd(
 
     from autotuner.hlo import ExtractError, extract_report
 
-    jmesh = _make_mesh(shape, explicit if explicit is not None else args is None) if shape else None
+    jmesh = _make_mesh(shape, explicit) if shape else None
     if args is not None:
         fn, fargs, fkwargs = obj, tuple(_abstract_args(_json_arg(args, "--args"), jmesh)), {}
     else:
@@ -240,24 +271,27 @@ def extract_cmd(
         else:
             report = extract_report(fn, *fargs, **fkwargs)
     except ExtractError as e:
-        fail(str(e))
-    for p, c in report.problems:
+        fail(" ".join(str(e).split()) + _hint(explicit, jmesh))
+    except Exception as e:  # noqa: BLE001 - the user's program failed to lower or compile
+        fail(f"{target}: compiling the program raised {type(e).__name__}: {_first_line(e)}{_hint(explicit, jmesh)}")
+    names = report.names or [""] * len(report.problems)
+    for (p, c), name in zip(report.problems, names, strict=True):
         if json_out:
-            sys.stdout.write(json.dumps({"key": p.key, "count": c, "pattern": p.pattern.label,
+            sys.stdout.write(json.dumps({"key": p.key, "name": name, "count": c, "pattern": p.pattern.label,
                                          "problem": p.to_dict()}) + "\n")
         else:
-            sys.stdout.write(f"{c:>3}x  {p.describe()}  key {p.key[:12]}\n")
+            sys.stdout.write(f"{c:>3}x  {name}  {p.describe()}  key {p.key[:12]}\n")
     sys.stdout.flush()
-    write_problems(out, report.problems, target)
+    write_problems(out, report.problems, target, report.names)
     total = sum(c for _, c in report.problems)
     err.print(f"{len(report.problems)} problem(s), {total} occurrence(s) from {report.pairs} "
               f"collective/dot pair(s) on mesh {report.mesh}; wrote {out}", highlight=False)
     if report.skipped:
-        err.print(f"{len(report.skipped)} pair(s) skipped" + (" (-q: reasons not listed)" if quiet else ":"),
-                  highlight=False)
+        err.print(f"{len(report.skipped)} pair(s) skipped" + (" (without -q: each with its reason)" if quiet
+                                                               else ":"), highlight=False)
         if not quiet:
             for where, why in report.skipped:
-                err.print(f"  {where}: {why}", highlight=False)
+                err.print(f"  {where}: {why}", highlight=False, soft_wrap=True)
     if not report.problems:
         err.print("no all-gather -> einsum or einsum -> reduce-scatter pairs found; "
                   "`autotuner tune` needs at least one problem", highlight=False)

@@ -17,16 +17,32 @@ from autotuner.cli.common import app, db_url, err, fail, fmt, open_database
 
 
 def load_items(problems: str | None, n: int, scale: float) -> list[tuple[str, Any]]:
+    """(name, Problem) per problem: the suite's names, the names `autotuner extract` wrote into the
+    file (its "names" list), else FILE[i]."""
     from autotuner.problem.files import ProblemsFileError, load_problems
     from autotuner.problem.suite import suite
 
     if problems is None or problems == "suite":
         return [(name, p) for name, _regime, p in suite(n, scale=scale)]
     try:
-        return [(f"{Path(problems).name}[{i}]", p) for i, p in enumerate(load_problems(problems))]
+        loaded = load_problems(problems)
     except ProblemsFileError as e:
         fail(str(e))
         raise AssertionError from e
+    names = file_names(problems, len(loaded))
+    return [(names[i] or f"{Path(problems).name}[{i}]", p) for i, p in enumerate(loaded)]
+
+
+def file_names(path: str, n: int) -> list[str | None]:
+    """The "names" list of an extracted problems file (JSON object), one per problem, else Nones."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return [None] * n
+    names = doc.get("names") if isinstance(doc, dict) else None
+    if not isinstance(names, list) or len(names) != n:
+        return [None] * n
+    return [x if isinstance(x, str) and x else None for x in names]
 
 
 @app.command()
@@ -77,13 +93,9 @@ def tune(
             if not exhaustive:
                 say_model(database, ts.device)
             for name, problem in items:
-                try:
-                    ts.check(problem)
-                except TargetError as e:
-                    fail(f"{name}: {e}")
-                row = tune_one(ts, database, name, problem, run_id, exhaustive=exhaustive, trials=trials,
-                                seconds=seconds, reps=reps)
-                if service:
+                row = tune_or_fail(ts, database, name, problem, run_id, exhaustive=exhaustive, trials=trials,
+                                   seconds=seconds, reps=reps)
+                if service and row["error"] is None:
                     row.update(upload_run(service, token, ts.device, problem, database, run_id))
                 rows.append(row)
                 if json_out:
@@ -92,6 +104,59 @@ def tune(
     except TargetError as e:
         fail(str(e))
     print_summary(rows)
+    line = summary_line(rows)
+    failed = [r for r in rows if r["error"] is not None]
+    err.print(line, highlight=False, style="bold red" if failed else None)
+    if failed:
+        raise typer.Exit(1)
+
+
+def first_line(text: str, limit: int = 300) -> str:
+    line = next((x.strip() for x in str(text).splitlines() if x.strip()), "") or "failed"
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+def summary_line(rows: list[dict[str, Any]]) -> str:
+    """`12 tuned, 1 failed: <name>: <reason>` (every failure, separated by '; ')."""
+    failed = [r for r in rows if r["error"] is not None]
+    line = f"{len(rows) - len(failed)} tuned, {len(failed)} failed"
+    if failed:
+        line += ": " + "; ".join(f"{r['name']}: {first_line(r['error'])}" for r in failed)
+    return line
+
+
+def tune_or_fail(ts: Any, database: Any, name: str, problem: Any, run_id: str, **kw: Any) -> dict[str, Any]:
+    """Tune one problem; a problem that raises, or whose every candidate (the baseline too) failed,
+    is recorded in the database as failed (with its error) and the batch goes on."""
+    from autotuner.measure.targets import TargetError
+
+    t0 = time.perf_counter()
+    try:
+        ts.check(problem)
+        row = tune_one(ts, database, name, problem, run_id, **kw)
+    except TargetError as e:   # this target cannot run it (e.g. a mesh of another size)
+        error = str(e)
+        err.print(f"[bold red]{name}: failed:[/] {error}", highlight=False)
+        row = failed_row(ts, name, problem, error, t0)
+    except Exception as e:  # noqa: BLE001 - one problem's failure must not stop the batch
+        error = f"{type(e).__name__}: {e}"
+        err.print(f"[bold red]{name}: failed:[/] {first_line(error)}", highlight=False)
+        row = failed_row(ts, name, problem, error, t0)
+    if row["error"] is not None:
+        from autotuner.tune import store
+
+        try:
+            store.save_failure(database, ts.device, problem, name=name, error=row["error"], run_id=run_id)
+        except Exception as e:  # noqa: BLE001 - say so, keep going
+            err.print(f"{name}: could not record the failure: {type(e).__name__}: {e}", highlight=False)
+    return row
+
+
+def failed_row(ts: Any, name: str, problem: Any, error: str, t0: float) -> dict[str, Any]:
+    return {"key": problem.key, "name": name, "problem": problem.to_dict(), "device": ts.device.to_dict(),
+            "winner": None, "speedup": None, "speedup_ci": None, "baseline_s": None, "winner_s": None,
+            "bound_s": None, "efficiency": None, "trials": 0, "seconds": round(time.perf_counter() - t0, 3),
+            "failed": None, "error": error[:2000]}
 
 
 def say_model(database: Any, device: Any) -> None:
@@ -125,7 +190,8 @@ def tune_one(ts: Any, database: Any, name: str, problem: Any, run_id: str, *, ex
                                   log=lambda m: err.print(m, highlight=False),
                                   on_rep=lambda r, n: prog.update(task, completed=r,
                                                                   description=f"{name}: timing"))
-            winner = store.save(database, ts.device, problem, store.session_items(session, run_id))
+            winner = store.save(database, ts.device, problem, store.session_items(session, run_id),
+                                name=name)
             n_trials, failed = len(strategies), sum(c.status != "ok" for c in session.candidates)
             bound_s = session.bound_s
         else:
@@ -134,6 +200,7 @@ def tune_one(ts: Any, database: Any, name: str, problem: Any, run_id: str, *, ex
             result = tune_problem(ts, database, problem, trials=trials, seconds=seconds, reps=reps,
                                   run_id=run_id, progress=prog, name=name)
             winner, n_trials, failed, bound_s = result.winner, result.trials, result.failed, result.bound_s
+    error = None if winner is not None else store.why_no_winner(database, ts.device, problem)
     eff = None
     if winner is not None and bound_s and winner.baseline_s and winner.winner_s:
         from autotuner.measure import efficiency
@@ -146,7 +213,7 @@ def tune_one(ts: Any, database: Any, name: str, problem: Any, run_id: str, *, ex
             "baseline_s": winner.baseline_s if winner else None,
             "winner_s": winner.winner_s if winner else None,
             "bound_s": bound_s, "efficiency": eff, "trials": n_trials,
-            "seconds": round(time.perf_counter() - t0, 3), "failed": failed}
+            "seconds": round(time.perf_counter() - t0, 3), "failed": failed, "error": error}
 
 
 def upload_run(service: str, token: str | None, device: Any, problem: Any, database: Any, run_id: str
@@ -177,13 +244,13 @@ def print_summary(rows: list[dict[str, Any]]) -> None:
                 "trials", "failed", "time s"):
         t.add_column(col)
     for r in rows:
-        w = Strategy.from_dict(r["winner"]).key if r["winner"] else "-"
+        w = Strategy.from_dict(r["winner"]).key if r["winner"] else "-" if r["error"] is None else "FAILED"
         ci = r["speedup_ci"] or [None, None]
         t.add_row(r["name"], w, fmt(r["speedup"], ".3f"), f"{fmt(ci[0], '.2f')}-{fmt(ci[1], '.2f')}",
                   fmt(r["baseline_s"] and r["baseline_s"] * 1e3, ".2f"),
                   fmt(r["winner_s"] and r["winner_s"] * 1e3, ".2f"),
                   fmt(r["bound_s"] and r["bound_s"] * 1e3, ".2f"), fmt(r["efficiency"], ".2f"),
-                  str(r["trials"]), str(r["failed"]), fmt(r["seconds"], ".1f"))
+                  str(r["trials"]), "-" if r["failed"] is None else str(r["failed"]), fmt(r["seconds"], ".1f"))
     err.print(t)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -81,6 +81,7 @@ class ExtractReport:
     pairs: int                       # pairs seen in the partitioned HLO
     num_partitions: int
     mesh: dict[str, int]
+    names: list[str] = field(default_factory=list)   # one readable name per problem (hlo/names.py)
 
 
 def skip(skipped: list[tuple[str, str]], where: str, why: str) -> None:

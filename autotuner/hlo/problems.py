@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotuner.hlo.evaluate import manual_computations, multiplicity
+from autotuner.hlo.names import problem_names
 from autotuner.hlo.pairs import ExtractReport, Pair, find_pairs, skip
 from autotuner.hlo.shardings import MeshInfo, parse_sharding, tiling_spec
 from autotuner.hlo.text import DTYPES, ExtractError, HloModule, Instr, parse_hlo
@@ -155,7 +156,7 @@ def _problem_for(pair: Pair, post: HloModule, pre: HloModule, cand: Instr, mesh:
     try:
         p = Problem.from_dict(d)
     except ProblemError as e:
-        return f"not a Problem: {e}"
+        return _why_not(pair, str(e))
     pat = p.pattern
     want_letter = ((lhs if pair.operand == "lhs" else rhs)[pair.dim] if pair.kind == "all_gather"
                    else out[pair.dim])
@@ -164,6 +165,29 @@ def _problem_for(pair: Pair, post: HloModule, pre: HloModule, cand: Instr, mesh:
         return (f"the layout classifies as {pat.label} over {pat.axis}, not the {pair.form} of "
                 f"{want_letter!r} over {'/'.join(pair.axes)} that the HLO shows")
     return p
+
+
+def _several(pairs: list[Pair]) -> str:
+    """Why a dot with several collectives around it (e.g. both operands all-gathered, as
+    keras-hub's own layout map shards every kernel's hidden dimension too) is not one Problem."""
+    what = ", ".join(f"{p.form} {p.collective.name} ({p.operand or 'result'})" for p in pairs)
+    return (f"the dot has {len(pairs)} collectives of its own ({what}): a Problem decomposes one "
+            "all-gather or one reduce-scatter per dot, so it is not decomposed")
+
+
+def _why_not(pair: Pair, error: str) -> str:
+    """The skip reason of a pair whose layout is not a Problem. The common one in a data-parallel
+    training step: a weight gradient's dot gathers an activation over the model axis and also
+    contracts the batch, sharded over data in both operands, so its result needs an all-reduce
+    over data after the gather: two collectives on one dot, which no Problem kind (one all-gather or
+    one reduce-scatter feeding or consuming the einsum) describes."""
+    m = re.search(r"contracting letter '(\w)' is sharded over (\S+) in both operands", error)
+    if m and pair.kind == "all_gather":
+        return (f"not a Problem: the dot also contracts {m.group(1)!r}, which is sharded over {m.group(2)} in "
+                f"both operands, so after the {pair.form} over {'/'.join(pair.axes)} its result still "
+                f"needs an all-reduce over {m.group(2)} (two collectives on one dot, e.g. a weight gradient "
+                "under data parallelism; a Problem has one all-gather or one reduce-scatter)")
+    return f"not a Problem: {error}"
 
 
 def _json(e: Entry) -> str | list[str] | None:
@@ -187,10 +211,17 @@ def extract_from_hlo(propagated: str, partitioned: str, mesh: Mapping[str, int] 
     pre_dots = [pre.instrs[n] for n in pre.order if pre.instrs[n].opcode == "dot"]
     used: set[str] = set()
     found: dict[str, list[Any]] = {}
+    ops: dict[str, list[str]] = {}   # problem key -> op_names of its dots, for its name
+    per_dot: dict[str, list[Pair]] = {}
+    for pair in pairs:
+        per_dot.setdefault(pair.dot.name, []).append(pair)
     for pair in pairs:
         where = pair.where()
         if pair.dot.computation in manual_computations(post):
             skip(skipped, where, "inside shard_map (already manually partitioned)")
+            continue
+        if len(per_dot[pair.dot.name]) > 1:
+            skip(skipped, where, _several(per_dot[pair.dot.name]))
             continue
         sig = _signature(post, pair.dot)
         reasons = []
@@ -212,6 +243,8 @@ def extract_from_hlo(propagated: str, partitioned: str, mesh: Mapping[str, int] 
             continue
         slot = found.setdefault(result.key, [result, 0])
         slot[1] += times.get(pair.dot.computation, 1)
+        ops.setdefault(result.key, []).append(pair.dot.op_name)
         log.debug("extract: %s -> %s", where, result.describe())
     problems = [(p, c) for p, c in found.values()]
-    return ExtractReport(problems, skipped, len(pairs), post.num_partitions, info.as_dict())
+    names = problem_names([ops[p.key] for p, _ in problems])
+    return ExtractReport(problems, skipped, len(pairs), post.num_partitions, info.as_dict(), names)

@@ -19,7 +19,7 @@ from autotuner.strategies.baseline import (
 from autotuner.strategies.xla import compiler_options, plain_einsum
 from autotuner.strategy import Strategy, StrategyError
 
-__all__ = ["build", "build_parts", "check_valid", "compiler_options", "loop_trips"]
+__all__ = ["build", "build_parts", "check_valid", "comm_out_spec", "compiler_options", "loop_trips"]
 
 
 def check_valid(problem: Problem, s: Strategy) -> None:
@@ -70,7 +70,11 @@ def build(problem: Problem, strategy: Strategy, mesh: Mesh) -> Callable[[jax.Arr
 
 
 def build_parts(problem: Problem, mesh: Mesh) -> tuple[Callable, Callable]:
-    """(collective alone, einsum alone) for the harness's bound; see baseline.py."""
+    """(collective alone, einsum alone) for the harness's bound; see baseline.py.
+
+    The collective alone returns what the collective produces, laid out as `comm_out_spec`: for an
+    all-gather that is the gathered operand (its rank, not the einsum output's: `abc,cde->abde`
+    gathers a rank-3 operand into a rank-4 einsum), for a reduce-scatter the scattered output."""
     check_mesh(problem, mesh)
     if problem.pattern.kind == "none":
         raise ProblemError("problem", "a local einsum has no collective to time")

@@ -273,7 +273,7 @@ def tune_problem(ts: Any, database: Any, problem: Problem, *, trials: int = 24, 
         session = run_session(ts.runner(problem), problem, [baseline] + [s for _, s in picked], reps=reps,
                               prune=prune, parts=bound_s is None)
         bound_s = session.bound_s if session.bound_s is not None else bound_s
-        store.save(database, device, problem, store.session_items(session, run_id))
+        store.save(database, device, problem, store.session_items(session, run_id), name=name or None)
         for (t, _s), c in zip(picked, session.candidates, strict=True):
             measured += 1
             if c.status != "ok" or c.ratio is None or math.isnan(c.ratio):
@@ -286,6 +286,8 @@ def tune_problem(ts: Any, database: Any, problem: Problem, *, trials: int = 24, 
                 study.tell(t, c.ratio)
         if task is not None:
             progress.update(task, completed=min(budget, len(_measured_keys(study))))
+        if session.baseline.status != "ok":
+            break  # nothing can be checked or timed against a baseline that does not run
     with database.session(read_only=True) as s:
         winner = repo.get_winner(s, device.key, problem.key)
     return TuneResult(winner, measured, failed, bound_s, len(_measured_keys(study)))

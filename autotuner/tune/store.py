@@ -15,11 +15,11 @@ def device_values(d: Device) -> dict[str, Any]:
     return {"key": d.key, **d.to_dict()}
 
 
-def problem_values(p: Problem) -> dict[str, Any]:
+def problem_values(p: Problem, name: str | None = None) -> dict[str, Any]:
     f = p.features()
     return {"key": p.key, "canonical": p.canonical(), "equation": p.equation, "pattern": p.pattern.label,
             "dtype": p.dtype, "mesh_size": p.axis_size, "m": f["m"], "n": f["n"], "k": f["k"], "b": f["b"],
-            "flops": f["flops"], "comm_bytes": f["comm_bytes"]}
+            "flops": f["flops"], "comm_bytes": f["comm_bytes"], "name": (name or None) and name[:256]}
 
 
 def measurement_item(c: Candidate, run_id: str | None = None, host: str | None = None) -> dict[str, Any]:
@@ -39,12 +39,46 @@ def session_items(session: SessionResult, run_id: str | None = None,
             if keep is None or c.key in keep]
 
 
-def save(database: Any, device: Device, problem: Problem, items: list[dict[str, Any]]) -> Any:
-    """Record measurements and recompute the winner in one transaction; returns the WinnerRecord."""
+def save(database: Any, device: Device, problem: Problem, items: list[dict[str, Any]],
+         name: str | None = None) -> Any:
+    """Record measurements and recompute the winner in one transaction; returns the WinnerRecord.
+    A problem that has a winner now is no longer a failed one (its failure record goes)."""
     from db import repository as repo
 
     with database.session() as s:
         dev = repo.upsert_device(s, **device_values(device))
-        prob = repo.upsert_problem(s, **problem_values(problem))
+        prob = repo.upsert_problem(s, **problem_values(problem, name))
         repo.record_measurements(s, dev.id, prob.id, items)
-        return repo.recompute_winner(s, dev.id, prob.id)
+        winner = repo.recompute_winner(s, dev.id, prob.id)
+        if winner is not None:
+            repo.clear_failure(s, dev.id, prob.id)
+        return winner
+
+
+def save_failure(database: Any, device: Device, problem: Problem, *, error: str, name: str | None = None,
+                 run_id: str | None = None) -> Any:
+    """Record that `problem` could not be tuned on `device` and why; returns the FailureRecord."""
+    from db import repository as repo
+
+    with database.session() as s:
+        dev = repo.upsert_device(s, **device_values(device))
+        prob = repo.upsert_problem(s, **problem_values(problem, name))
+        return repo.record_failure(s, dev.id, prob.id, error=error, name=(name or None) and name[:256],
+                                   run_id=run_id, host=socket.gethostname()[:256])
+
+
+def why_no_winner(database: Any, device: Device, problem: Problem) -> str:
+    """Why `problem` has no winner on `device`: the latest baseline failure's reason (nothing can
+    beat a baseline that does not run), else the latest failure's."""
+    from db import repository as repo
+
+    with database.session(read_only=True) as s:
+        dev, prob = repo.get_device_by_key(s, device.key), repo.get_problem_by_key(s, problem.key)
+        ms = repo.list_measurements(s, prob.id, dev.id) if dev and prob else []
+    failed = [m for m in ms if m.status != "ok"]
+    base = [m for m in failed if m.strategy_key == "baseline"]
+    if base:
+        return f"the baseline failed: {base[-1].reason or 'no reason given'}"
+    if failed:
+        return f"every candidate failed; the last: {failed[-1].reason or 'no reason given'}"
+    return "no measurement succeeded"

@@ -41,6 +41,7 @@ CSP = ("default-src 'none'; script-src 'self'; style-src 'self' 'unsafe-inline';
 SECURITY_HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff",
                     "Referrer-Policy": "no-referrer", "X-Frame-Options": "DENY"}
 SHAPE_POINTS = 2000
+FAILURES = 50  # the newest failed problems the overview lists
 TABLE_SORTS = ("pattern", "speedup", "trials", "updated", "flops", "comm_bytes")  # the sortable
 # columns of the table, each named as its sort key of repo.list_problems
 
@@ -78,8 +79,9 @@ def _bad(request: Request, e: BadParams | ValueError) -> HTMLResponse:
 
 @router.get("/", response_class=HTMLResponse)
 def overview(request: Request, _: ReadAuth, state: StateDep, s: ReadSessionDep) -> HTMLResponse:
-    """How many problems are tuned per device and pattern, the speedups, the shape map, the
-    lookups by source, open demand and the job queue."""
+    """How many problems are tuned per device and pattern, the problems that failed to tune (with
+    their errors), the speedups, the shape map, the lookups by source, open demand and the job
+    queue."""
     try:
         params = parse(OverviewParams, request.query_params)
     except BadParams as e:
@@ -93,6 +95,7 @@ def overview(request: Request, _: ReadAuth, state: StateDep, s: ReadSessionDep) 
     jobs = {status: repo.list_jobs(s, status=status, limit=20).items
             for status in ("running", "queued")}
     job_counts = repo.job_counts(s)
+    failures = repo.list_failures(s, device_key=params.device, limit=FAILURES)
     shares = views.lookup_shares(state.metrics.registry)
     return _render(
         request, "overview.html", params=params, devices=devices, tuned=tuned,
@@ -102,7 +105,7 @@ def overview(request: Request, _: ReadAuth, state: StateDep, s: ReadSessionDep) 
         shares=shares, lookups_total=sum(shares.values()),
         lookups=figures.embed(figures.lookup_figure(shares)) if sum(shares.values()) else None,
         demand=views.demand_summary(demand), jobs={k: views.job_summary(v) for k, v in jobs.items()},
-        job_counts=job_counts,
+        job_counts=job_counts, failures=failures, device_by_key={d.key: d for d in devices},
     )
 
 
@@ -162,8 +165,9 @@ def problem(request: Request, ref: str, _: ReadAuth, s: ReadSessionDep) -> HTMLR
             "history": figures.embed(figures.trial_history(g.measurements))
             if g.measurements else None,
         })
-    return _render(request, "problem.html", problem=record, plots=plots,
-                   problem_json=views.problem_json(record))
+    failures = [f for f in repo.list_failures(s, limit=1000) if f.problem_key == record.key]
+    return _render(request, "problem.html", problem=record, plots=plots, failures=failures,
+                   device_by_key={d.key: d for d in devices.values()}, problem_json=views.problem_json(record))
 
 
 @router.get("/static/{name}")

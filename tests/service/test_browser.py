@@ -39,6 +39,7 @@ DEV_B = Device("tpu", "TPU v4", 4, 4, "lab-ring-1gbit", "0.10.2", "0.10.2")
 UNI = Strategy("ring", "uni", 1, "full", "loop", True)
 BIDI = Strategy("ring", "bidi", 2, "full", "loop", True)
 N_A, N_B = 40, 8
+FAILURE = "ValueError: out_specs entry too long\n  while timing the collective alone"
 
 # The service app as `autotuner serve` builds it (create_app includes the dashboard).
 SERVER = textwrap.dedent("""
@@ -101,6 +102,10 @@ def seed(url: str) -> dict[str, Any]:
                 repo.record_measurements(s, db_.id, rec.id, items)
                 repo.recompute_winner(s, db_.id, rec.id)
                 ids["b"].append(rec.id)
+            f = Problem.from_dict(problem(m=8192, k=128, n=128))   # tune failed on it (issue 14 item 2)
+            rec = repo.upsert_problem(s, **problem_values(f, "layers/attn/q_proj"))
+            repo.record_failure(s, da.id, rec.id, name="layers/attn/q_proj", error=FAILURE)
+            ids["failed"] = [rec.id]
             q = Problem.from_dict(problem(m=4096, k=128, n=128))
             repo.enqueue_job(s, problem_key=q.key, problem=q.canonical(), device_key=DEV_A.key,
                              device=DEV_A.to_dict())
@@ -215,6 +220,22 @@ def test_overview_plots_render(watched, server):
         page.mouse.click(box["x"] + box["width"] / 2, box["y"] + box["height"] / 2)
     assert "/problems/" in page.url
     page.wait_for_selector("#json pre")
+
+
+def test_overview_lists_failed_problems_with_their_error(watched, server):
+    _, ids = server
+    page = watched.page
+    watched.goto("/")
+    rows = page.locator("#failures tbody tr")
+    assert rows.count() == 1
+    text = rows.first.inner_text()
+    assert "layers/attn/q_proj" in text and "ValueError: out_specs entry too long" in text
+    assert "while timing the collective alone" in text
+    with page.expect_navigation():
+        rows.first.locator("a").click()
+    assert page.url.endswith(f"/problems/{Problem.from_dict(problem(m=8192, k=128, n=128)).key}")
+    assert "layers/attn/q_proj" in page.inner_text("h1")
+    assert "ValueError: out_specs entry too long" in page.inner_text("#failures")
 
 
 def test_table_filters_and_paginates(watched, server):

@@ -157,7 +157,7 @@ def demand_out(p: dict[str, Any], count: int) -> dict[str, Any]:
 
 PROBLEM_OUT = {"id": 1, "key": key(TUNED), "canonical": canonical(TUNED), "equation": "mk,kn->mn",
                "pattern": "all_gather:lhs:free", "dtype": "float32", "mesh_size": 8, "m": 2048.0,
-               "n": 512.0, "k": 1024.0, "b": 1.0, "flops": 2147483648.0, "comm_bytes": 7340032.0,
+               "n": 512.0, "k": 1024.0, "b": 1.0, "flops": 2147483648.0, "comm_bytes": 7340032.0, "name": None,
                "created_at": TIME}
 FAR_OUT = {**PROBLEM_OUT, "id": 2, "key": key(FAR), "canonical": canonical(FAR), "m": 64.0,
            "n": 64.0, "k": 64.0, "flops": 524288.0, "comm_bytes": 14336.0}

@@ -312,14 +312,50 @@ def _app() -> typer.Typer:
 def test_cli_factory_writes_a_problems_file(tmp_path, mesh4):
     out = tmp_path / "problems.json"
     res = CliRunner().invoke(_app(), ["extract", "autotuner.examples.transformer:example", "--out", str(out),
-                                      "--mesh", '{"model": 4}', "--kwargs", '{"layers": 1}', "--json"])
+                                      "--mesh", '{"model": 4}', "--kwargs", '{"layers": 1}', "--json",
+                                      "--explicit"])   # the example shards in types
     assert res.exit_code == 0, res.output
     rows = [json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")]
     want = expected(T.Config())
     assert [(r["problem"], r["pattern"], r["count"]) for r in rows] == [(d, lab, 1) for d, lab in want]
     loaded = load_problems(out)
     assert [p.to_dict() for p in loaded] == [d for d, _ in want]
-    assert json.loads(out.read_text())["counts"] == [1, 1, 1, 1]
+    doc = json.loads(out.read_text())
+    assert doc["counts"] == [1, 1, 1, 1] and len(doc["names"]) == 4 and all(doc["names"])
+    assert [r["name"] for r in rows] == doc["names"]
+
+
+def test_cli_auto_is_the_default_and_says_how_to_get_explicit(tmp_path, mesh4):
+    """An Explicit-sharding program on the default (Auto) mesh: one line naming --explicit."""
+    res = CliRunner().invoke(_app(), ["extract", "autotuner.examples.transformer:example", "--out",
+                                      str(tmp_path / "p.json"), "--mesh", '{"model": 4}', "--kwargs", '{"layers": 1}'])
+    assert res.exit_code == 2 and "Auto axis types" in res.output and "--explicit" in res.output
+    assert "Traceback" not in res.output
+
+
+def test_cli_path_form_with_relative_imports(tmp_path, monkeypatch, mesh4):
+    pkg = tmp_path / "mymodels"
+    pkg.mkdir()
+    (pkg / "shapes.py").write_text("SHAPE = [2, 64, 32]\n")
+    (pkg / "mlp.py").write_text(textwrap.dedent("""
+        import jax, jax.numpy as jnp
+        from jax.sharding import NamedSharding, PartitionSpec as P
+        from .shapes import SHAPE
+
+        def factory(mesh):
+            x = jax.device_put(jnp.ones(SHAPE), NamedSharding(mesh, P(None, "model", None)))
+            w = jax.device_put(jnp.ones((32, 128)), NamedSharding(mesh, P(None, "model")))
+            return jax.jit(lambda x, w: jnp.einsum("bsd,df->bsf", x, w)), (x, w)
+    """))
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "p.json"
+    res = CliRunner().invoke(_app(), ["extract", "mymodels/mlp.py:factory", "--mesh", '{"model": 4}', "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    assert len(load_problems(out)) == 1
+    monkeypatch.chdir(pkg)   # the package is not importable from inside it: a one-line error
+    res = CliRunner().invoke(_app(), ["extract", str(pkg / "mlp.py") + ":factory", "--mesh", '{"model": 4}',
+                                      "--out", str(out)])
+    assert res.exit_code == 2 and "relative imports" in res.output and "Traceback" not in res.output
 
 
 def test_cli_args_spec_writes_jsonl(tmp_path, mesh4):
@@ -351,7 +387,7 @@ def test_cli_fresh_process_sets_up_its_devices(tmp_path):
     code = "import sys\nfrom autotuner.cli import main\nsys.argv = ['autotuner'] + sys.argv[1:]\nmain()\n"
     env = {k: v for k, v in __import__("os").environ.items() if k != "XLA_FLAGS"}
     res = subprocess.run([sys.executable, "-c", code, "extract", "autotuner.examples.transformer:example",
-                          "--out", str(out), "--mesh", '{"model": 4}', "--kwargs", '{"layers": 1}'],
+                          "--out", str(out), "--mesh", '{"model": 4}', "--kwargs", '{"layers": 1}', "--explicit"],
                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
     assert res.returncode == 0, res.stderr
     assert "on 4 in-process CPU devices" in res.stderr

@@ -1,0 +1,74 @@
+"""Readable problem names from the op_name metadata JAX writes into the HLO (its name stack):
+`jit(step)/transpose(jvp(llama_backbone))/transformer_layer_0/self_attention/query/bqm,muh->bquh/dot_general`
+names the dot `grad/self_attention/query`."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Sequence
+
+_PRIMITIVES = {"dot_general", "dot", "einsum", "matmul", "tensordot", "conv_general_dilated"}
+_WRAPPER = re.compile(r"^(?:jvp|transpose|vmap|remat|checkpoint|custom_jvp_call|custom_vjp_call|pjit|jit|"
+                      r"named_call|cond|while|scan|body|branch_\d+_fun)\((.*)\)$")
+
+
+def _component(c: str) -> str:
+    """`transpose(jvp(block))` -> `block`; `vmap(vmap())` -> ``."""
+    while True:
+        m = _WRAPPER.match(c)
+        if m is None:
+            return c
+        c = m.group(1)
+
+
+def op_path(op_name: str) -> tuple[bool, list[str]]:
+    """(backward, the name stack's scopes) of a dot's op_name: the jit wrapper, transformation
+    wrappers, einsum equations and the primitive itself left out; backward when the dot comes from
+    a transpose (the gradient of a forward op)."""
+    parts = [p for p in op_name.split("/") if p]
+    backward = "transpose(" in op_name
+    if parts and re.match(r"^p?jit\(", parts[0]):
+        parts = parts[1:]
+    out = []
+    for p in parts:
+        c = _component(p)
+        if not c or c in _PRIMITIVES or ("->" in c and "," in c):
+            continue
+        out.append(c)
+    return backward, out
+
+
+_INDEX = re.compile(r"^(?:\d+|.*_\d+)$")  # a repeated block's scope: `transformer_layer_3`, `7`
+
+
+def short_name(op_name: str, depth: int = 2) -> str:
+    """The last `depth` scopes of the dot's name stack that are not a repeated block's index (so
+    every layer's `mlp/up_proj` has one name), `grad/` first for a backward dot; the last `depth`
+    scopes when all are indices (a model without named scopes), `dot` when there are none."""
+    backward, path = op_path(op_name)
+    named = [c for c in path if not _INDEX.match(c)]
+    name = "/".join((named or path)[-depth:]) or "dot"
+    return f"grad/{name}" if backward else name
+
+
+def problem_names(op_names: Sequence[Sequence[str]]) -> list[str]:
+    """One name per problem from the op_names of its pairs (in program order): the distinct short
+    names of its dots joined by `+` (a problem several layers share, or Q/K/V of one shape, gets
+    each layer's dot once), then `#2`, `#3` ... on names that repeat."""
+    raw = []
+    for ops in op_names:
+        seen: list[str] = []
+        for op in ops:
+            n = short_name(op)
+            if n not in seen:
+                seen.append(n)
+        if len(seen) > 3:
+            seen = [*seen[:2], f"{len(seen) - 2} more"]
+        raw.append("+".join(seen) if seen else "dot")
+    total, count = Counter(raw), Counter[str]()
+    out = []
+    for n in raw:
+        count[n] += 1
+        out.append(n if total[n] == 1 or count[n] == 1 else f"{n}#{count[n]}")
+    return out
