@@ -30,6 +30,7 @@ TABLES = {
     "demand": (records.DemandRecord, set()),
     "tokens": (records.TokenRecord, {"token_hash"}),
     "calibrations": (records.CalibrationRecord, set()),
+    "failures": (records.FailureRecord, set()),
 }
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
