@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotuner.hlo.evaluate import manual_computations, multiplicity
+from autotuner.hlo.grouped import group_problems
 from autotuner.hlo.pairs import ExtractReport, Pair, find_pairs, skip
 from autotuner.hlo.shardings import MeshInfo, parse_sharding, tiling_spec
 from autotuner.hlo.text import DTYPES, ExtractError, HloModule, Instr, parse_hlo
@@ -186,7 +187,7 @@ def extract_from_hlo(propagated: str, partitioned: str, mesh: Mapping[str, int] 
     times = multiplicity(post)
     pre_dots = [pre.instrs[n] for n in pre.order if pre.instrs[n].opcode == "dot"]
     used: set[str] = set()
-    found: dict[str, list[Any]] = {}
+    mapped: list[tuple[Pair, Problem, int]] = []
     for pair in pairs:
         where = pair.where()
         if pair.dot.computation in manual_computations(post):
@@ -210,8 +211,7 @@ def extract_from_hlo(propagated: str, partitioned: str, mesh: Mapping[str, int] 
         if result is None:
             skip(skipped, where, reasons[0] if reasons else "no matching dot in the propagated module")
             continue
-        slot = found.setdefault(result.key, [result, 0])
-        slot[1] += times.get(pair.dot.computation, 1)
+        mapped.append((pair, result, times.get(pair.dot.computation, 1)))
         log.debug("extract: %s -> %s", where, result.describe())
-    problems = [(p, c) for p, c in found.values()]
+    problems = group_problems(mapped)  # one gather feeding k mapped dots: one GroupedProblem
     return ExtractReport(problems, skipped, len(pairs), post.num_partitions, info.as_dict())
