@@ -135,11 +135,17 @@ class GroupedProblem:
         return tuple(m.rhs if m.pattern.operand == "lhs" else m.lhs for m in self.members)
 
     def features(self) -> dict[str, float]:
-        """As `Problem.features`: the shared rows `m`, `k` and `b`, the members' `n` summed (the
-        group is one GEMM against the weights side by side), their flops summed, the one gather."""
+        """As `Problem.features`: `m` the shared operand's free extent, `k` and `b` as in the first
+        einsum, `n` the weights' free extents summed (the group is one GEMM against the weights side
+        by side), their flops summed, the bytes of the one gather."""
         fs = [m.features() for m in self.members]
+        # m: the shared operand's own extent, n: each weight's, whichever side of its equation
+        # the shared operand stands on
+        sides = [(f["m"], f["n"]) if p.pattern.operand == "lhs" else (f["n"], f["m"])
+                 for p, f in zip(self.members, fs, strict=True)]
         out = dict(fs[0])
-        out["n"] = float(sum(f["n"] for f in fs))
+        out["m"] = float(sides[0][0])
+        out["n"] = float(sum(n for _, n in sides))
         out["flops"] = float(sum(f["flops"] for f in fs))
         out["comm_bytes"] = float(self.comm_bytes())
         return out
