@@ -20,35 +20,44 @@ from autotuner.problem import GroupedProblem, Problem, ProblemError
 log = logging.getLogger(__name__)
 
 
+def group_units(mapped: Sequence[tuple[Pair, Problem, int]]
+                ) -> list[tuple[Problem | GroupedProblem, list[Pair], int]]:
+    """One unit per all-gather with k >= 2 mapped dots (a GroupedProblem with those dots' pairs,
+    in the module's order, the members' order) and per other mapped pair (its Problem): the unit,
+    its pairs, how many times it runs per call. In the order of the units' first pairs. For a
+    pass that rewrites the program, `pairs[m]` is the dot of `members[m]`."""
+    by_gather: dict[str, list[tuple[Pair, Problem, int]]] = {}
+    for item in mapped:
+        if item[0].kind == "all_gather":
+            by_gather.setdefault(item[0].collective.name, []).append(item)
+    out: list[tuple[Problem | GroupedProblem, list[Pair], int]] = []
+    done: set[str] = set()
+    for pair, problem, times in mapped:
+        members = by_gather.get(pair.collective.name, []) if pair.kind == "all_gather" else []
+        if len(members) < 2:
+            out.append((problem, [pair], times))
+            continue
+        if pair.collective.name in done:
+            continue
+        done.add(pair.collective.name)
+        try:
+            unit = GroupedProblem(tuple(p for _, p, _ in members))
+        except ProblemError as e:   # not one operand gathered alike: keep them single
+            log.debug("extract: all-gather %s feeds %d dots that do not form a group (%s)",
+                      pair.collective.name, len(members), e)
+            out.extend((p, [q], t) for q, p, t in members)
+            continue
+        log.debug("extract: all-gather %s feeds %d dots: %s", pair.collective.name, len(members), unit.describe())
+        out.append((unit, [q for q, _, _ in members], times))
+    return out
+
+
 def group_problems(mapped: Sequence[tuple[Pair, Problem, int]]
                    ) -> list[tuple[Problem | GroupedProblem, int]]:
     """[(Problem or GroupedProblem, count)] from the mapped pairs (pair, its Problem, how many times
     the pair runs per call), in order of first occurrence; the same key twice adds its counts."""
-    by_gather: dict[str, list[tuple[Pair, Problem, int]]] = {}
-    for item in mapped:
-        pair = item[0]
-        if pair.kind == "all_gather":
-            by_gather.setdefault(pair.collective.name, []).append(item)
     found: dict[str, list[object]] = {}
-    done: set[str] = set()
-    for pair, problem, times in mapped:
-        unit: Problem | GroupedProblem = problem
-        if pair.kind == "all_gather":
-            name = pair.collective.name
-            if name in done:
-                continue
-            members = by_gather[name]
-            if len(members) >= 2:
-                done.add(name)
-                try:
-                    unit = GroupedProblem(tuple(p for _, p, _ in members))
-                except ProblemError as e:   # not one operand gathered alike: keep them single
-                    log.debug("extract: all-gather %s feeds %d dots that do not form a group (%s)",
-                              name, len(members), e)
-                    for _, p, t in members:
-                        _add(found, p, t)
-                    continue
-                log.debug("extract: all-gather %s feeds %d dots: %s", name, len(members), unit.describe())
+    for unit, _, times in group_units(mapped):
         _add(found, unit, times)
     return [(p, c) for p, c in found.values()]  # type: ignore[misc]
 
