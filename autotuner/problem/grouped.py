@@ -27,7 +27,8 @@ from typing import Any, Literal
 
 from autotuner.problem.core import Operand, Problem, ProblemError, problem_key
 
-MAX_EINSUMS = 8   # the equations joined must fit the database's equation column (256 characters)
+MAX_EINSUMS = 8
+MAX_EQUATIONS_CHARS = 256   # the equations joined by ';' are stored in the database's equation column
 
 
 @dataclass(frozen=True)
@@ -186,6 +187,10 @@ def _check(members: tuple[Problem, ...]) -> GroupPattern:
         if x[0].spec != x0[0].spec:
             raise ProblemError(f"einsums[{i}].{pat.operand}.spec", "the gathered operand is laid out differently "
                                                                    "from einsums[0]'s")
+    joined = sum(len(m.equation) for m in members) + len(members) - 1
+    if joined > MAX_EQUATIONS_CHARS:
+        raise ProblemError("einsums", f"the equations take {joined} characters joined; at most "
+                                      f"{MAX_EQUATIONS_CHARS} (the stored equation column)")
     p0 = first.pattern
     assert p0.axis is not None and p0.letter is not None and p0.dim_class is not None
     return GroupPattern(p0.axis, _gathered(first)[2], p0.letter, p0.dim_class, len(members))

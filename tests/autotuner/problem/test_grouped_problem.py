@@ -22,6 +22,12 @@ UP_SWAPPED = {"equation": "ef,abe->abf", "lhs": {"shape": [32, 12], "spec": [Non
               "rhs": {"shape": [2, 16, 32], "spec": [None, "x", None]}, "out_spec": [None, None, "x"],
               "dtype": "float32", "mesh": {"x": 4}}
 
+# rank-12 operands (9 size-1 batch letters): 8 of them take 8 * 38 + 7 characters joined
+WIDE = {"equation": "bsdABCDEFGHI,dhABCDEFGHI->bshABCDEFGHI",
+        "lhs": {"shape": [2, 16, 32] + [1] * 9, "spec": [None, "x"] + [None] * 10},
+        "rhs": {"shape": [32, 4] + [1] * 9, "spec": [None, "x"] + [None] * 9},
+        "out_spec": [None, None, "x"] + [None] * 9, "dtype": "float32", "mesh": {"x": 4}}
+
 
 def test_round_trip_pattern_and_views() -> None:
     gp = GroupedProblem.from_dict({"einsums": [Q, UP, UP_SWAPPED]})
@@ -56,6 +62,7 @@ def test_problem_from_dict_tells_the_two_forms_apart() -> None:
 
 @pytest.mark.parametrize(("doc", "field", "words"), [
     ({"einsums": [Q]}, "einsums", "2 to 8"),
+    ({"einsums": [WIDE] * 8}, "einsums", "characters"),
     ({"einsums": "Q"}, "einsums", "expected a list"),
     ({"einsums": [Q, UP], "dtype": "float32"}, "dtype", "unknown field"),
     ({"einsums": [Q, {**UP, "dtype": "bfloat16"}]}, "einsums[1].dtype", "differs"),
