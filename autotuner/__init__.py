@@ -12,7 +12,7 @@ from typing import Any
 
 from autotuner.device import Device, DeviceError
 from autotuner.errors import AutotunerError
-from autotuner.problem import Pattern, Problem, ProblemError, problem_key
+from autotuner.problem import GroupedProblem, Pattern, Problem, ProblemError, problem_key
 from autotuner.strategy import Strategy, StrategyError
 
 # public name -> the module that defines it, imported on first access
@@ -23,6 +23,7 @@ _LAZY = {
     "extract_report": "autotuner.hlo",
     "ExtractError": "autotuner.hlo",
     "collective_einsum": "autotuner.runtime.collective",
+    "collective_einsums": "autotuner.runtime.grouped",
     "DecisionError": "autotuner.runtime.collective",
     "Client": "autotuner.runtime.client",
     "ClientError": "autotuner.runtime.client",
@@ -35,7 +36,7 @@ _LAZY = {
     "ServiceError": "autotuner.tune.worker",
 }
 
-__all__ = ["AutotunerError", "Device", "DeviceError", "Pattern", "Problem", "ProblemError", "Strategy",
+__all__ = ["AutotunerError", "Device", "DeviceError", "GroupedProblem", "Pattern", "Problem", "ProblemError", "Strategy",
            "StrategyError", "problem_key", *sorted(_LAZY)]
 
 

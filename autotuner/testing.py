@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Any
 
 import numpy as np
 
-from autotuner.problem import Problem
+from autotuner.problem import GroupedProblem, Problem
 
 # max |result - reference| / max |reference| allowed per dtype
 TOLERANCE = {"float32": 2e-5, "bfloat16": 3e-2, "float16": 5e-3}
@@ -31,6 +32,53 @@ def inputs(problem: Problem, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     a = rng.uniform(-1, 1, problem.lhs.shape).astype(np.float32).astype(dt)
     b = rng.uniform(-1, 1, problem.rhs.shape).astype(np.float32).astype(dt)
     return a, b
+
+
+def group_inputs(gp: GroupedProblem, seed: int = 0) -> tuple[np.ndarray, ...]:
+    """`(x, w_1, ..., w_k)`: the shared operand, then each member's other operand, Uniform(-1, 1)
+    rounded to the dtype (what a grouped problem's built functions take)."""
+    import jax.numpy as jnp
+
+    rng = np.random.default_rng(seed)
+    dt = jnp.dtype(gp.dtype)
+    shapes = [gp.gathered.shape, *[w.shape for w in gp.weights()]]
+    return tuple(rng.uniform(-1, 1, s).astype(np.float32).astype(dt) for s in shapes)
+
+
+def group_reference(gp: GroupedProblem, x: np.ndarray, *ws: np.ndarray) -> list[np.ndarray]:
+    """Each member's einsum in float64."""
+    out = []
+    for m, w in zip(gp.members, ws, strict=True):
+        a, b = (x, w) if m.pattern.operand == "lhs" else (w, x)
+        out.append(reference(m, a, b))
+    return out
+
+
+def random_group(rng: np.random.Generator, *, k: int | None = None, **kw: Any) -> GroupedProblem:
+    """A random grouped problem: a random all-gather problem (see `random_problem`) and k-1 more
+    einsums of the same gathered operand, whose weights' own letters have other sizes, some with
+    the operands of the equation swapped (the shared operand as rhs)."""
+    first = random_problem(rng, kind="all_gather", **kw)
+    k = k or int(rng.integers(2, 4))
+    d = first.to_dict()
+    x_side = first.pattern.operand
+    w_side = "rhs" if x_side == "lhs" else "lhs"
+    x_letters = first.eq.lhs if x_side == "lhs" else first.eq.rhs
+    w_letters = first.eq.rhs if x_side == "lhs" else first.eq.lhs
+    members = [d]
+    for _ in range(k - 1):
+        m = copy.deepcopy(d)
+        for c in w_letters:
+            if c in x_letters:
+                continue   # shared with the gathered operand: its size is fixed
+            f = int(rng.integers(1, 4))
+            m[w_side]["shape"][w_letters.index(c)] *= f
+        if rng.integers(0, 2):
+            lhs, rhs = m["equation"].split("->")[0].split(",")
+            m["equation"] = f"{rhs},{lhs}->{m['equation'].split('->')[1]}"
+            m["lhs"], m["rhs"] = m["rhs"], m["lhs"]
+        members.append(m)
+    return GroupedProblem.from_dict({"einsums": members})
 
 
 def reference(problem: Problem, lhs: np.ndarray, rhs: np.ndarray) -> np.ndarray:

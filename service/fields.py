@@ -29,6 +29,7 @@ from pydantic_core import PydanticCustomError
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from autotuner import Device, DeviceError, Problem, ProblemError, Strategy, StrategyError
+from autotuner.problem import GroupedProblem, problem_from_dict
 
 __all__ = [
     "DEVICE_SCHEMA",
@@ -61,7 +62,7 @@ def _memo_key(value: Any) -> str | None:
 
 
 def _parse_problem(value: Any) -> Problem:
-    problem = Problem.from_dict(value)
+    problem = problem_from_dict(value)   # a grouped problem (an object with `einsums`) too
     try:
         problem.features()  # the numbers the database stores must be representable
     except OverflowError:
@@ -135,7 +136,7 @@ def parse_problem(value: Any) -> Problem:
     memo = _current.get()
     if memo is not None:
         return memo.problem(value)
-    return value if isinstance(value, Problem) else _parse_problem(value)
+    return value if isinstance(value, (Problem, GroupedProblem)) else _parse_problem(value)
 
 
 def parse_device(value: Any) -> Device:
@@ -257,7 +258,9 @@ PROBLEM_SCHEMA: dict[str, Any] = {
     "title": "Problem",
     "description": "A sharded einsum (autotuner.Problem): global shapes, PartitionSpec-like specs "
                    "(null, an axis name or a list of names per dimension), the output spec, the "
-                   "dtype and the mesh axes. Validated by Problem.from_dict.",
+                   "dtype and the mesh axes. Validated by Problem.from_dict. A grouped problem (one "
+                   "all-gather feeding several einsums, autotuner.GroupedProblem) is accepted too: "
+                   "{\"einsums\": [Problem, ...]}.",
     "type": "object",
     "properties": {
         "equation": {"type": "string", "examples": ["bsd,df->bsf"]},

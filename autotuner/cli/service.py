@@ -29,7 +29,7 @@ def _json_or_file(text: str, what: str) -> Any:
 
 
 def _problems(text: str) -> list[Any]:
-    from autotuner.problem import Problem, ProblemError
+    from autotuner.problem import ProblemError, problem_from_dict
     from autotuner.problem.files import ProblemsFileError, load_problems
 
     doc = _json_or_file(text, "problem")
@@ -37,7 +37,7 @@ def _problems(text: str) -> list[Any]:
         if doc is None:
             return list(load_problems(text))
         items = doc if isinstance(doc, list) else [doc]
-        return [Problem.from_dict(d) for d in items]
+        return [problem_from_dict(d) for d in items]
     except (ProblemError, ProblemsFileError) as e:
         fail(f"--problem: {e}")
         raise AssertionError from e

@@ -9,12 +9,15 @@ from typing import Any
 from autotuner.costmodel.params import VERSION, CostModelError, Params
 from autotuner.costmodel.simulate import predict, ranker
 from autotuner.device import Device
-from autotuner.problem import Problem
+from autotuner.problem import GroupedProblem, Problem
 from autotuner.strategy import Strategy
 
 
 def order_for(database: Any, device: Device, problem: Problem) -> Callable[[list[Strategy]], list[Strategy]] | None:
-    """The model's `order` for `problem` on `device` if the device is calibrated, else None."""
+    """The model's `order` for `problem` on `device` if the device is calibrated, else None (and
+    None for a grouped problem: the model simulates one einsum's ring, not k on one ring)."""
+    if isinstance(problem, GroupedProblem):
+        return None
     try:
         return ranker(load_params(database, device), problem)
     except CostModelError:
@@ -51,7 +54,7 @@ def model_answer(database: Any, *, cache_s: float = 300.0, min_speedup: float = 
                         del answers[k]
                 hit = params_cache[device.key] = (now, fresh)
         params = hit[1]
-        if params is None or problem.pattern.kind == "none":
+        if params is None or problem.pattern.kind == "none" or isinstance(problem, GroupedProblem):
             return None
         key = (device.key, problem.key)
         if key in answers:

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotuner.hlo.evaluate import manual_computations, multiplicity
+from autotuner.hlo.grouped import group_units
 from autotuner.hlo.names import problem_names
 from autotuner.hlo.pairs import ExtractReport, Pair, find_pairs, skip
 from autotuner.hlo.shardings import MeshInfo, parse_sharding, tiling_spec
@@ -210,8 +211,7 @@ def extract_from_hlo(propagated: str, partitioned: str, mesh: Mapping[str, int] 
     times = multiplicity(post)
     pre_dots = [pre.instrs[n] for n in pre.order if pre.instrs[n].opcode == "dot"]
     used: set[str] = set()
-    found: dict[str, list[Any]] = {}
-    ops: dict[str, list[str]] = {}   # problem key -> op_names of its dots, for its name
+    mapped: list[tuple[Pair, Problem, int]] = []
     per_dot: dict[str, list[Pair]] = {}
     for pair in pairs:
         per_dot.setdefault(pair.dot.name, []).append(pair)
@@ -241,10 +241,15 @@ def extract_from_hlo(propagated: str, partitioned: str, mesh: Mapping[str, int] 
         if result is None:
             skip(skipped, where, reasons[0] if reasons else "no matching dot in the propagated module")
             continue
-        slot = found.setdefault(result.key, [result, 0])
-        slot[1] += times.get(pair.dot.computation, 1)
-        ops.setdefault(result.key, []).append(pair.dot.op_name)
+        mapped.append((pair, result, times.get(pair.dot.computation, 1)))
         log.debug("extract: %s -> %s", where, result.describe())
+    # one gather feeding k mapped dots is one GroupedProblem; the same key twice adds its counts
+    found: dict[str, list[Any]] = {}
+    ops: dict[str, list[str]] = {}   # problem key -> op_names of its dots, for its name
+    for unit, unit_pairs, n in group_units(mapped):
+        slot = found.setdefault(unit.key, [unit, 0])
+        slot[1] += n
+        ops.setdefault(unit.key, []).extend(q.dot.op_name for q in unit_pairs)
     problems = [(p, c) for p, c in found.values()]
     names = problem_names([ops[p.key] for p, _ in problems])
     return ExtractReport(problems, skipped, len(pairs), post.num_partitions, info.as_dict(), names)

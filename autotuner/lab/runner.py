@@ -16,7 +16,7 @@ from typing import Any
 from autotuner.device import Device
 from autotuner.lab import Lab, LabSpec, LabWorkerError
 from autotuner.measure import LocalRunner
-from autotuner.problem import Problem
+from autotuner.problem import Problem, problem_from_dict
 from autotuner.strategy import Strategy
 
 HANDLER = "autotuner.lab.runner:handle"
@@ -58,7 +58,7 @@ def handle(request: dict[str, Any], ctx: Any) -> dict[str, Any]:
         d = Device.current(topology=ctx.spec.label)
         return {"device": d.to_dict(), "devices": jax.device_count()}
     if op == "begin":
-        problem = Problem.from_dict(request["problem"])
+        problem = problem_from_dict(request["problem"])
         names = [a for a, _ in problem.mesh]
         shape = [s for _, s in problem.mesh]
         runner = LocalRunner(ctx.mesh(names, shape), _CtxSync(ctx), warmup=int(request.get("warmup", 2)))

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from autotuner.measure.session import COMM, COMP, NoSync, Sync
-from autotuner.problem import Problem
+from autotuner.problem import GroupedProblem, Problem
 from autotuner.strategy import Strategy
 from autotuner.testing import TOLERANCE
 
@@ -42,18 +42,30 @@ class LocalRunner:
         self.programs: dict[int | str, tuple[Callable, tuple]] = {}
 
     def _arrays(self, problem: Problem, lhs_spec, rhs_spec) -> tuple[Any, Any]:
+        from autotuner.testing import inputs
+
+        a, b = inputs(problem, self.seed)
+        out = self._place((a, b), (lhs_spec, rhs_spec))
+        return out[0], out[1]
+
+    def _place(self, arrays: Sequence[Any], specs: Sequence[Any]) -> tuple[Any, ...]:
+        """Host arrays laid out on the mesh as `specs` say."""
         import jax
         from jax.sharding import NamedSharding
 
         from autotuner.strategies._common import pspec
-        from autotuner.testing import inputs
 
-        a, b = inputs(problem, self.seed)
         out = []
-        for x, spec in ((a, lhs_spec), (b, rhs_spec)):
+        for x, spec in zip(arrays, specs, strict=True):
             sh = NamedSharding(self.mesh, pspec(spec))
             out.append(jax.make_array_from_callback(x.shape, sh, lambda idx, x=x: x[idx]))
-        return out[0], out[1]
+        return tuple(out)
+
+    def _group_arrays(self, gp: GroupedProblem, specs: Sequence[Any]) -> tuple[Any, ...]:
+        """A grouped problem's `(x, w_1, ..., w_k)` (`autotuner.testing.group_inputs`) laid out as `specs`."""
+        from autotuner.testing import group_inputs
+
+        return self._place(group_inputs(gp, self.seed), specs)
 
     def _compile(self, fn: Callable, args: tuple, options: dict[str, Any] | None = None
                  ) -> tuple[Callable, float, dict | None]:
@@ -85,9 +97,17 @@ class LocalRunner:
         self.problem = problem
         self.programs.clear()
         self.ref = None
-        self.args = self._arrays(problem, problem.lhs.spec, problem.rhs.spec)
-        self.err_fn = jax.jit(lambda c, b: jnp.max(jnp.abs(c.astype(jnp.float32) - b.astype(jnp.float32)))
-                              / jnp.maximum(jnp.max(jnp.abs(b.astype(jnp.float32))), 1e-30))
+        if isinstance(problem, GroupedProblem):
+            self.args = self._group_arrays(problem, [problem.gathered.spec, *[w.spec for w in problem.weights()]])
+        else:
+            self.args = self._arrays(problem, problem.lhs.spec, problem.rhs.spec)
+
+        def rel(c: Any, b: Any) -> Any:
+            return (jnp.max(jnp.abs(c.astype(jnp.float32) - b.astype(jnp.float32)))
+                    / jnp.maximum(jnp.max(jnp.abs(b.astype(jnp.float32))), 1e-30))
+
+        # the worst result's relative error (a grouped problem's results are a tuple)
+        self.err_fn = jax.jit(lambda c, b: jnp.max(jnp.stack(jax.tree.leaves(jax.tree.map(rel, c, b)))))
 
     def add(self, index: int, strategy: Strategy) -> dict[str, Any]:
         """Compile one strategy, check it against the baseline (index 0, added first), warm up."""
@@ -129,7 +149,12 @@ class LocalRunner:
         if problem.pattern.kind == "none":
             return
         comm, comp = build_parts(problem, self.mesh)
-        comp_args = self._arrays(problem, *self._comp_specs(problem))
+        if isinstance(problem, GroupedProblem):
+            from autotuner.strategies.grouped import compute_specs
+
+            comp_args = self._group_arrays(problem, compute_specs(problem))
+        else:
+            comp_args = self._arrays(problem, *self._comp_specs(problem))
         for key, fn, a in ((COMM, comm, self.args), (COMP, comp, comp_args)):
             compiled, _, _ = self._compile(fn, a)
             for _ in range(max(self.warmup, 1)):

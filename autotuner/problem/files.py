@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from autotuner.errors import AutotunerError
-from autotuner.problem import Problem, ProblemError
+from autotuner.problem import GroupedProblem, Problem, ProblemError, problem_from_dict
 
 
 class ProblemsFileError(AutotunerError, ValueError):
@@ -65,8 +65,9 @@ def _is_json(text: str) -> bool:
     return True
 
 
-def load_problems(path: str | Path) -> list[Problem]:
-    """Parse and validate every problem of the file; nothing is returned unless all are valid."""
+def load_problems(path: str | Path) -> list[Problem | GroupedProblem]:
+    """Parse and validate every problem of the file (single einsums, and grouped ones: an object
+    with `einsums`); nothing is returned unless all are valid."""
     p = Path(path)
     try:
         text = p.read_text()
@@ -75,7 +76,7 @@ def load_problems(path: str | Path) -> list[Problem]:
     out = []
     for where, raw in _items(p, text):
         try:
-            out.append(Problem.from_dict(raw))
+            out.append(problem_from_dict(raw))
         except ProblemError as e:
             raise ProblemsFileError(f"{p}: {where}: {e}") from None
     if not out:

@@ -41,7 +41,7 @@ import httpx
 
 from autotuner.device import Device
 from autotuner.errors import AutotunerError
-from autotuner.problem import Problem
+from autotuner.problem import GroupedProblem, Problem, problem_from_dict
 from autotuner.strategy import Strategy, StrategyError
 
 __all__ = ["Client", "ClientError", "LookupResult", "default_client", "load_snapshot"]
@@ -242,7 +242,7 @@ class Client:
         :data:`BATCH` per request."""
         if device is None:
             device = self.device
-        problems = [p if isinstance(p, Problem) else Problem.from_dict(p) for p in problems]
+        problems = [p if isinstance(p, (Problem, GroupedProblem)) else problem_from_dict(p) for p in problems]
         out: list[LookupResult | None] = [self._memo.get((device, p)) for p in problems]
         todo = [i for i, r in enumerate(out) if r is None]
         if not todo:

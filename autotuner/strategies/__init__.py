@@ -7,8 +7,8 @@ from collections.abc import Callable
 import jax
 from jax.sharding import Mesh
 
-from autotuner.problem import Problem, ProblemError
-from autotuner.strategies import allgather, reducescatter
+from autotuner.problem import GroupedProblem, Problem, ProblemError
+from autotuner.strategies import allgather, grouped, reducescatter
 from autotuner.strategies._common import check_mesh, loop_trips, wrap
 from autotuner.strategies.baseline import (
     comm_out_spec,
@@ -22,9 +22,14 @@ from autotuner.strategy import Strategy, StrategyError
 __all__ = ["build", "build_parts", "check_valid", "comm_out_spec", "compiler_options", "loop_trips"]
 
 
-def check_valid(problem: Problem, s: Strategy) -> None:
-    """Raise StrategyError if `s` cannot run `problem` (what `space` leaves out)."""
+def check_valid(problem: Problem | GroupedProblem, s: Strategy) -> None:
+    """Raise StrategyError if `s` cannot run `problem` (what `space` leaves out). A grouped
+    problem's ring runs every member's ring pieces on one shared ring: `s` must suit each member."""
     if s.is_baseline:
+        return
+    if isinstance(problem, GroupedProblem):
+        for m in problem.members:
+            check_valid(m, s)
         return
     pat, n = problem.pattern, problem.axis_size
     if pat.kind == "none":
@@ -49,15 +54,25 @@ def check_valid(problem: Problem, s: Strategy) -> None:
                                       "would be the same program as unroll='full'")
 
 
-def build(problem: Problem, strategy: Strategy, mesh: Mesh) -> Callable[[jax.Array, jax.Array], jax.Array]:
+def build(problem: Problem | GroupedProblem, strategy: Strategy, mesh: Mesh
+          ) -> Callable[[jax.Array, jax.Array], jax.Array]:
     """A jittable function of the two global arrays returning the einsum sharded as `out_spec`.
 
-    For `xla_windowed` this is the plain GSPMD einsum: compile it with
-    `compiler_options(strategy, platform)` to get XLA's windowed einsum."""
-    if not isinstance(problem, Problem):
-        raise TypeError(f"build() needs a Problem, got {type(problem).__name__}")
+    For a GroupedProblem: a function of `(x, w_1, ..., w_k)` returning the k results (see
+    `autotuner.strategies.grouped`). For `xla_windowed` this is the plain GSPMD einsum: compile it
+    with `compiler_options(strategy, platform)` to get XLA's windowed einsum."""
     if isinstance(strategy, dict):
         strategy = Strategy.from_dict(strategy)
+    if isinstance(problem, GroupedProblem):
+        check_mesh(problem.members[0], mesh)
+        check_valid(problem, strategy)
+        if strategy.is_baseline:
+            return grouped.wrap(problem, mesh, grouped.local_baseline(problem))
+        if strategy.method == "xla_windowed":
+            return grouped.plain_einsums(problem, mesh)
+        return grouped.wrap(problem, mesh, grouped.local_ring(problem, strategy))
+    if not isinstance(problem, Problem):
+        raise TypeError(f"build() needs a Problem, got {type(problem).__name__}")
     check_mesh(problem, mesh)
     check_valid(problem, strategy)
     if strategy.is_baseline:
@@ -69,12 +84,15 @@ def build(problem: Problem, strategy: Strategy, mesh: Mesh) -> Callable[[jax.Arr
     return wrap(problem, mesh, impl.local_ring(problem, strategy))
 
 
-def build_parts(problem: Problem, mesh: Mesh) -> tuple[Callable, Callable]:
-    """(collective alone, einsum alone) for the harness's bound; see baseline.py.
+def build_parts(problem: Problem | GroupedProblem, mesh: Mesh) -> tuple[Callable, Callable]:
+    """(collective alone, einsum alone) for the harness's bound; see baseline.py (grouped.py for
+    a grouped problem: the one gather alone, the k einsums alone).
 
     The collective alone returns what the collective produces, laid out as `comm_out_spec`: for an
     all-gather that is the gathered operand (its rank, not the einsum output's: `abc,cde->abde`
     gathers a rank-3 operand into a rank-4 einsum), for a reduce-scatter the scattered output."""
+    if isinstance(problem, GroupedProblem):
+        return grouped.wrap_comm(problem, mesh), grouped.compute_only(problem, mesh)
     check_mesh(problem, mesh)
     if problem.pattern.kind == "none":
         raise ProblemError("problem", "a local einsum has no collective to time")

@@ -5,17 +5,19 @@ from __future__ import annotations
 import itertools
 
 from autotuner.device import Device
-from autotuner.problem import Problem
+from autotuner.problem import GroupedProblem, Problem
 from autotuner.strategy import CHUNKS, DIRECTIONS, FUSES, UNROLLS, Strategy, StrategyError
 
 
-def space(problem: Problem, device: Device | None = None) -> list[Strategy]:
+def space(problem: Problem | GroupedProblem, device: Device | None = None) -> list[Strategy]:
     """Every valid Strategy for `problem`, baseline first, in a stable order.
 
     The ring decompositions are valid on every platform. `xla_windowed` (XLA's own windowed
     einsum, see `autotuner.strategies.xla`) is offered only when `device` names a platform whose
     compiler honours its options (gpu: with and without multi-streaming; tpu); never on CPU,
     which accepts the options and ignores them, nor when the device is unknown.
+    A grouped problem (one gather feeding k einsums) gets the all-gather ring's knobs, each
+    combination valid for every one of its einsums.
     """
     from autotuner.strategies import check_valid
     from autotuner.strategies.xla import MULTI_STREAM_PLATFORMS, PLATFORMS

@@ -20,7 +20,7 @@ import httpx
 
 from autotuner.device import Device
 from autotuner.errors import AutotunerError
-from autotuner.problem import Problem
+from autotuner.problem import Problem, problem_from_dict
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +125,7 @@ def work(ts: Any, service: str, token: str, *, once: bool = False, poll_s: float
                     return done
                 time.sleep(poll_s)
                 continue
-            problem = Problem.from_dict(job["problem"])
+            problem = problem_from_dict(job["problem"])
             params = job.get("params") or {}
             say(f"job {job['id']}: {problem.describe()}")
             status, error = "done", None

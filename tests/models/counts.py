@@ -42,6 +42,7 @@ def sequence_collectives(report: Any) -> list[str]:
     bad = []
     for p, _ in report.problems:
         pat = p.pattern
-        if pat.axis != "model" or p.sizes[pat.letter] != SEQ:
+        sizes = p.members[0].sizes if hasattr(p, "members") else p.sizes   # a grouped gather: its first dot
+        if pat.axis != "model" or sizes[pat.letter] != SEQ:
             bad.append(f"{p.describe()}: {pat.label} of {pat.letter!r} over {pat.axis}")
     return bad

@@ -29,6 +29,14 @@ to (data, model, None)):
   (gate/intermediate, query/key/value): 7 more pairs, 4 more distinct problems; and 7 weight-gradient
   dots fed by an all-gathered operand whose batch contraction over data needs an all-reduce: pairs
   in the HLO, not Problems.
+
+Grouped gathers (autotuner.hlo.grouped): the Q/K/V gather and the gate/up gather each feed several
+mapped dots, so each is one grouped problem (all_gather_group3 / all_gather_group2), not 3 / 2
+single ones: occurrences count the gathers the program runs, `pairs` still the HLO's dot pairs.
+In the training step each gathered output gradient feeds one decomposable dot (and one skipped
+weight gradient): single problems. The input-gradient dots of Q/K/V (and gate/up) are summed into
+the residual gradient, but the partitioned HLO reduce-scatters each dot on its own (5 pairs per
+layer, each with its own collective), so there is no grouped reduce-scatter to extract.
 """
 
 from __future__ import annotations
@@ -51,16 +59,23 @@ from .meshes import LAYERS as L  # noqa: E402
 pytestmark = pytest.mark.slow
 
 AG, RS = "all_gather:lhs:free", "reduce_scatter:free_lhs"
+QKV, GATE_UP = "all_gather_group3:free", "all_gather_group2:free"   # one gather feeding 3 / 2 dots
 WHOLE, DATA = "all-reduce used whole", "contracting batch sharded over data"
 
 EXPECTED = {
     "forward": {"pairs": 0, "occurrences": 0, "distinct": 0, "patterns": {}, "skipped": {WHOLE: 2 * L}},
-    "forward_sp": {"pairs": 7 * L, "occurrences": 7 * L, "distinct": 4,
-                   "patterns": {AG: 5 * L, RS: 2 * L}, "skipped": {}},
+    # 7 pairs per layer in the HLO; the Q/K/V gather and the gate/up gather are one grouped
+    # problem each (2 per layer), the two reduce-scatters single ones: 4 per layer, 4 distinct.
+    "forward_sp": {"pairs": 7 * L, "occurrences": 4 * L, "distinct": 4,
+                   "patterns": {QKV: L, GATE_UP: L, RS: 2 * L}, "skipped": {}},
     "train_step": {"pairs": 0, "occurrences": 0, "distinct": 0, "patterns": {},
                    "skipped": {WHOLE: 2 * L + 5 * L + 7 * L + 1}},
-    "train_step_sp": {"pairs": 21 * L, "occurrences": 14 * L, "distinct": 8,
-                      "patterns": {AG: 5 * L + 2 * L, RS: 2 * L + 5 * L},
+    # forward: 2 groups + 2 reduce-scatters per layer; backward: the 2 gathered output gradients
+    # each feed one decomposable dot (their other user, the weight gradient, needs an all-reduce
+    # over data: skipped), so they stay single (2 per layer); the 5 input-gradient dots each have
+    # their own reduce-scatter in the HLO (5 per layer). 4L + 2L + 5L = 11L, 8 distinct.
+    "train_step_sp": {"pairs": 21 * L, "occurrences": 11 * L, "distinct": 8,
+                      "patterns": {QKV: L, GATE_UP: L, AG: 2 * L, RS: 2 * L + 5 * L},
                       "skipped": {DATA: 7 * L, WHOLE: 7 * L + 1}},
 }
 

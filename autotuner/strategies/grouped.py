@@ -1,0 +1,240 @@
+"""One all-gather feeding k einsums (a `GroupedProblem`), as pure functions of (problem, strategy, mesh).
+
+- baseline: the operand gathered once, then the k plain einsums (what GSPMD emits);
+- ring: one ring loop of CollectivePermutes drives all k einsums: every step moves each shard (or
+  chunk) of the shared operand once and multiplies it by every weight while the next one is in
+  flight. The knobs are those of a single all-gather ring (`autotuner.strategies.allgather`):
+  direction, chunks, unroll, fuse and send_first, with the same meaning; the partial einsums of
+  member m are those of the single ring of member m (the same `_AG` pieces), so a group of one
+  would be exactly that ring.
+
+A built function takes the global arrays `(x, w_1, ..., w_k)`: the shared operand first, then each
+member's other operand, whichever side of its equation either stands on; it returns the k
+results as a tuple, each laid out as its member's `out_spec`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.sharding import Mesh
+
+from autotuner.problem import GroupedProblem
+from autotuner.strategies._common import Layout, check_mesh, constrain, pspec, run_loop, split
+from autotuner.strategies.allgather import _AG
+from autotuner.strategies.xla import plain_einsum
+from autotuner.strategy import Strategy
+
+LocalFn = Callable[..., tuple[jax.Array, ...]]
+
+
+def wrap(gp: GroupedProblem, mesh: Mesh, local_fn: LocalFn) -> Callable[..., tuple[jax.Array, ...]]:
+    """A jittable function of the global arrays `(x, *weights)` running `local_fn` per device."""
+    check_mesh(gp.members[0], mesh)
+    xs = pspec(gp.gathered.spec)
+    ws = [pspec(w.spec) for w in gp.weights()]
+    outs = tuple(pspec(m.out_spec) for m in gp.members)
+    mapped = jax.shard_map(local_fn, mesh=mesh, in_specs=(xs, *ws), out_specs=outs, check_vma=False)
+    dtype = jnp.dtype(gp.dtype)
+
+    def fn(x: jax.Array, *weights: jax.Array) -> tuple[jax.Array, ...]:
+        if len(weights) != gp.k:
+            raise TypeError(f"the grouped problem has {gp.k} einsums, got {len(weights)} weights")
+        x = constrain(jnp.asarray(x, dtype), mesh, xs)
+        w = [constrain(jnp.asarray(a, dtype), mesh, s) for a, s in zip(weights, ws, strict=True)]
+        return tuple(mapped(x, *w))
+
+    return fn
+
+
+def _einsum(lay: Layout, x_is_lhs: bool, x: jax.Array, w: jax.Array) -> jax.Array:
+    return lay.einsum(x, w) if x_is_lhs else lay.einsum(w, x)
+
+
+def local_baseline(gp: GroupedProblem) -> LocalFn:
+    """The plain all-gather, once, then the k einsums."""
+    pat = gp.pattern
+    lays = [(Layout(m, pat.axis, gp.axis_size), m.pattern.operand == "lhs") for m in gp.members]
+
+    def fn(x: jax.Array, *ws: jax.Array) -> tuple[jax.Array, ...]:
+        full = lax.all_gather(x, pat.axis, axis=pat.dim, tiled=True)
+        return tuple(_einsum(lay, is_lhs, full, w) for (lay, is_lhs), w in zip(lays, ws, strict=True))
+
+    return fn
+
+
+def wrap_comm(gp: GroupedProblem, mesh: Mesh) -> Callable[..., jax.Array]:
+    """The one all-gather alone (the harness's T_comm), a function of the same arrays as `build`'s;
+    its result is the gathered operand, laid out without the collective axis."""
+    pat = gp.pattern
+    check_mesh(gp.members[0], mesh)
+    xs = pspec(gp.gathered.spec)
+    ws = [pspec(w.spec) for w in gp.weights()]
+    gathered = pspec(compute_specs(gp)[0])
+
+    def local(x: jax.Array, *_ws: jax.Array) -> jax.Array:
+        return lax.all_gather(x, pat.axis, axis=pat.dim, tiled=True)
+
+    return jax.shard_map(local, mesh=mesh, in_specs=(xs, *ws), out_specs=gathered, check_vma=False)
+
+
+def compute_only(gp: GroupedProblem, mesh: Mesh) -> Callable[..., tuple[jax.Array, ...]]:
+    """The k einsums alone on the whole gathered operand (its input spec loses the collective
+    axis), for the harness's T_comp."""
+    pat = gp.pattern
+    check_mesh(gp.members[0], mesh)
+    xs = list(gp.gathered.spec)
+    xs[pat.dim] = xs[pat.dim][:-1]
+    lays = [(Layout(m, pat.axis, gp.axis_size), m.pattern.operand == "lhs") for m in gp.members]
+
+    def fn(x: jax.Array, *ws: jax.Array) -> tuple[jax.Array, ...]:
+        return tuple(_einsum(lay, is_lhs, x, w) for (lay, is_lhs), w in zip(lays, ws, strict=True))
+
+    return jax.shard_map(fn, mesh=mesh, in_specs=(pspec(xs), *[pspec(w.spec) for w in gp.weights()]),
+                         out_specs=tuple(pspec(m.out_spec) for m in gp.members), check_vma=False)
+
+
+def compute_specs(gp: GroupedProblem) -> list[Sequence[Any]]:
+    """The input specs of `compute_only`: the gathered operand whole, the weights as they are."""
+    xs = list(gp.gathered.spec)
+    xs[gp.pattern.dim] = xs[gp.pattern.dim][:-1]
+    return [xs, *[w.spec for w in gp.weights()]]
+
+
+class _Group:
+    """The ring of the shared operand, with one `_AG` (the single ring's pieces) per member."""
+
+    def __init__(self, gp: GroupedProblem, s: Strategy):
+        self.s = s
+        self.ags = [_AG(m, s) for m in gp.members]
+        a0 = self.ags[0]
+        self.n, self.lay, self.xdim, self.cs = a0.n, a0.lay, a0.xdim, a0.cs
+
+    def step(self, bufs: list[jax.Array], ws: Sequence[jax.Array], i: Any, off: Any,
+             send: Callable[[list[jax.Array]], list[jax.Array]] | None):
+        """One ring step: the shared buffers' transfer and every member's partial einsums of them."""
+        nxt = send(bufs) if send is not None and self.s.send_first else None
+        parts = [[ag.partial(b, w, i, off, k) for k, b in enumerate(bufs)] for ag, w in zip(self.ags, ws, strict=True)]
+        if send is not None and not self.s.send_first:
+            nxt = send(bufs)
+        return nxt, parts
+
+    def absorb(self, outs: Sequence[jax.Array], parts: list[list[jax.Array]], i: Any, off: Any) -> tuple:
+        return tuple(ag.absorb(o, p, i, off) for ag, o, p in zip(self.ags, outs, parts, strict=True))
+
+    def init_outs(self, x: jax.Array, ws: Sequence[jax.Array]) -> tuple:
+        return tuple(ag.init_out(x, w) for ag, w in zip(self.ags, ws, strict=True))
+
+    def done(self, outs: Sequence[jax.Array]) -> tuple[jax.Array, ...]:
+        return tuple(o.astype(self.lay.dtype) for o in outs)
+
+    @staticmethod
+    def stacked(parts: list[list[jax.Array]]) -> tuple[jax.Array, ...]:
+        return tuple(jnp.stack(p) for p in parts)
+
+    # -- programs -------------------------------------------------------------------------------
+    def uni(self, x: jax.Array, *ws: jax.Array) -> tuple[jax.Array, ...]:
+        n, s, lay = self.n, self.s, self.lay
+        i = lax.axis_index(lay.axis)
+        bufs = split(x, s.chunks, self.xdim)
+        send = lambda b: lay.send(b, lay.left())  # noqa: E731 - device j receives block j+1+t
+        loop = s.fuse == "loop"
+        outs0 = self.init_outs(x, ws) if loop else None
+
+        def body(carry, t):
+            bufs, outs = carry
+            nxt, parts = self.step(bufs, ws, i, t, send)
+            if loop:
+                return (nxt, self.absorb(outs, parts, i, t)), None
+            return (nxt, outs), self.stacked(parts)
+
+        (bufs, outs), ys = run_loop(body, (bufs, outs0), 0, n - 1, s.unroll)
+        _, parts = self.step(bufs, ws, i, n - 1, None)
+        if loop:
+            return self.done(self.absorb(outs, parts, i, n - 1))
+        last = self.stacked(parts)
+        return tuple(ag.assemble([y[m] for y in ys] + [last[m][None]], i, lay.dtype)
+                     for m, ag in enumerate(self.ags))
+
+    def bidi(self, x: jax.Array, *ws: jax.Array) -> tuple[jax.Array, ...]:
+        n, s, lay, k = self.n, self.s, self.lay, len(self.ags)
+        h, even = (n - 1) // 2, n % 2 == 0
+        i = lax.axis_index(lay.axis)
+        local = split(x, s.chunks, self.xdim)
+        loop = s.fuse == "loop"
+
+        def both(r, lb, t, send: bool):
+            """Right-moving buffers hold block i-t, left-moving ones block i+t."""
+            sr = (lambda b: lay.send(b, lay.right())) if send else None
+            sl = (lambda b: lay.send(b, lay.left())) if send else None
+            nr, pr = self.step(r, ws, i, -t, sr)
+            nl, pl = self.step(lb, ws, i, t, sl)
+            return nr, nl, pr, pl
+
+        send_both = lambda b: lay.send(b, lay.right()) + lay.send(b, lay.left())  # noqa: E731
+        sent, pl0 = self.step(local, ws, i, 0, send_both)
+        nr, nl = sent[: s.chunks], sent[s.chunks:]
+        outs = self.absorb(self.init_outs(x, ws), pl0, i, 0) if loop else None
+
+        def body(carry, t):
+            r, lb, outs = carry
+            r2, l2, pr, pl = both(r, lb, t, True)
+            if loop:
+                return (r2, l2, self.absorb(self.absorb(outs, pr, i, -t), pl, i, t)), None
+            return (r2, l2, outs), (self.stacked(pr), self.stacked(pl))
+
+        (r, lb, outs), ys = run_loop(body, (nr, nl, outs), 1, h, s.unroll)
+        half = self.cs // 2
+        halves = lambda bs, a, b: [lax.slice_in_dim(x_, a, b, axis=self.xdim) for x_ in bs]  # noqa: E731
+        if even and s.send_first:
+            ra = lay.send(halves(r, 0, half), lay.right())
+            lb_b = lay.send(halves(lb, half, self.cs), lay.left())
+        _, _, pr, pl = both(r, lb, h, False)
+        anti: list[list[jax.Array]] = [[] for _ in range(k)]
+        if even:
+            if not s.send_first:
+                ra = lay.send(halves(r, 0, half), lay.right())
+                lb_b = lay.send(halves(lb, half, self.cs), lay.left())
+            for m, (ag, w) in enumerate(zip(self.ags, ws, strict=True)):
+                for c in range(s.chunks):
+                    pa = ag.partial(ra[c], w, i, n // 2, c, 0)
+                    pb = ag.partial(lb_b[c], w, i, n // 2, c, half)
+                    anti[m].append(pa + pb if ag.acc else jnp.concatenate([pa, pb], axis=ag.odim))
+        if loop:
+            outs = self.absorb(self.absorb(outs, pr, i, -h), pl, i, h)
+            if even:
+                outs = self.absorb(outs, anti, i, n // 2)
+            return self.done(outs)
+        results = []
+        for m, ag in enumerate(self.ags):
+            if s.unroll == "full":
+                loop_r, loop_l = [y[0][m] for y in ys], [y[1][m] for y in ys]
+            else:
+                loop_r = [ys[0][0][m]] if ys else []
+                loop_l = [ys[0][1][m]] if ys else []
+            right_stack = jnp.concatenate(loop_r + [jnp.stack(pr[m])[None]], axis=0)[::-1]  # offsets n-h..n-1
+            by_off = [jnp.stack(pl0[m])[None]] + loop_l + [jnp.stack(pl[m])[None]]
+            if even:
+                by_off.append(jnp.stack(anti[m])[None])
+            by_off.append(right_stack)
+            results.append(ag.assemble(by_off, i, lay.dtype))
+        return tuple(results)
+
+
+def local_ring(gp: GroupedProblem, s: Strategy) -> LocalFn:
+    g = _Group(gp, s)
+    return g.bidi if s.direction == "bidi" else g.uni
+
+
+def plain_einsums(gp: GroupedProblem, mesh: Mesh) -> Callable[..., tuple[jax.Array, ...]]:
+    """The k einsums under GSPMD (the partitioner inserts the gather); for `xla_windowed`."""
+    fns = [(plain_einsum(m, mesh), m.pattern.operand == "lhs") for m in gp.members]
+
+    def fn(x: jax.Array, *weights: jax.Array) -> tuple[jax.Array, ...]:
+        return tuple(f(x, w) if is_lhs else f(w, x) for (f, is_lhs), w in zip(fns, weights, strict=True))
+
+    return fn
