@@ -16,6 +16,7 @@ from autotuner.strategies.baseline import (
     local_baseline,
     local_comm_only,
 )
+from autotuner.strategies.canonical import on_canonical
 from autotuner.strategies.xla import compiler_options, plain_einsum
 from autotuner.strategy import Strategy, StrategyError
 
@@ -81,7 +82,9 @@ def build(problem: Problem | GroupedProblem, strategy: Strategy, mesh: Mesh
         # the plain program; its compile options come from compiler_options(strategy, platform)
         return plain_einsum(problem, mesh)
     impl = allgather if problem.pattern.kind == "all_gather" else reducescatter
-    return wrap(problem, mesh, impl.local_ring(problem, strategy))
+    # the ring runs on the matmul the einsum is (size-1 letters dropped, letters that travel
+    # together merged), so a 3-D/4-D einsum gets the program of its 2-D form (canonical.py)
+    return wrap(problem, mesh, on_canonical(problem, lambda q: impl.local_ring(q, strategy)))
 
 
 def build_parts(problem: Problem | GroupedProblem, mesh: Mesh) -> tuple[Callable, Callable]:

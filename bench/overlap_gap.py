@@ -1,0 +1,128 @@
+"""Benchmark: how much of the possible overlap the best strategy captures, 3-D/4-D vs 2-D.
+
+    python bench/overlap_gap.py                                    # every suite shape, both configs
+    python bench/overlap_gap.py --config shared:2:2gbit --shapes mlp_up_balanced --reps 9
+
+For each suite shape, each form of its matmul (`2d`: as the suite poses it; `3d`: with a
+leading batch letter of size 1, `bsd,df->bsf` / `bsf,fd->bsd`, the MLP projections of a real
+model; `4d`: the sharded width split in heads x 64, `bsd,dhk->bshk` / `bshk,hkd->bsd`), and each
+lab config, one interleaved session of every strategy in the space: the best strategy, the
+collective alone, the einsum alone, the bound, the efficiency (T_base - T_win) / (T_base -
+T_bound), and the best form's time over the 2-D form's. The suite's `qkv` is 3-D with batch 2
+(`bsd,dh->bsh`, s sharded): its `2d` form is the same matmul with (b, s) flattened, which a
+ring cannot reach by reshaping alone (the sharded s is not the outer letter), so it shows the
+part of the gap canonicalisation leaves. All sessions of one config run in one lab session,
+forms of a shape back to back. Needs root for the lab (network namespaces).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from rich.console import Console
+from rich.table import Table
+
+from autotuner.lab import LabSpec
+from autotuner.measure import run_session
+from autotuner.measure.targets import Target, TargetSession
+from autotuner.problem import Problem
+from autotuner.problem.suite import suite
+from autotuner.strategies.space import space
+
+CONFIGS = ["shared:2:2gbit", "ring:4:1gbit"]
+FORMS = ("2d", "3d", "4d")
+HEAD = 64
+out = Console(width=250, emoji=False)
+
+
+def ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1e3:.1f}"
+
+
+def forms(p: Problem) -> dict[str, Problem]:
+    """The suite problem `p` posed as 2-D, 3-D and 4-D einsums of the same matmul."""
+    d = p.to_dict()
+    (l0, l1), r1 = p.lhs.shape[-2:], p.rhs.shape[-1]
+    axis = p.pattern.axis
+    base = {"dtype": d["dtype"], "mesh": d["mesh"]}
+    if p.equation == "bsd,dh->bsh":  # qkv: 3-D with batch 2 as the suite has it; 2-D flattened
+        b, s, dm = p.lhs.shape
+        flat = {"equation": "sd,dh->sh", "lhs": {"shape": [b * s, dm], "spec": [axis, None]},
+                "rhs": d["rhs"], "out_spec": [None, axis], **base}
+        return {"2d": Problem.from_dict(flat), "3d": p}
+    if p.pattern.kind == "all_gather":  # sd,df->sf
+        s, dm, f = l0, l1, r1
+        return {"2d": p,
+                "3d": Problem.from_dict({"equation": "bsd,df->bsf", "lhs": {"shape": [1, s, dm], "spec": [None, axis, None]},
+                                         "rhs": d["rhs"], "out_spec": [None, None, axis], **base}),
+                "4d": Problem.from_dict({"equation": "bsd,dhk->bshk",
+                                         "lhs": {"shape": [1, s, dm], "spec": [None, axis, None]},
+                                         "rhs": {"shape": [dm, f // HEAD, HEAD], "spec": [None, axis, None]},
+                                         "out_spec": [None, None, axis, None], **base})}
+    s, f, dm = l0, l1, r1  # sf,fd->sd
+    return {"2d": p,
+            "3d": Problem.from_dict({"equation": "bsf,fd->bsd", "lhs": {"shape": [1, s, f], "spec": [None, None, axis]},
+                                     "rhs": d["rhs"], "out_spec": [None, axis, None], **base}),
+            "4d": Problem.from_dict({"equation": "bshk,hkd->bsd",
+                                     "lhs": {"shape": [1, s, f // HEAD, HEAD], "spec": [None, None, axis, None]},
+                                     "rhs": {"shape": [f // HEAD, HEAD, dm], "spec": [axis, None, None]},
+                                     "out_spec": [None, axis, None], **base})}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", action="append", help=f"TOPOLOGY:N:RATE (default: {' '.join(CONFIGS)})")
+    ap.add_argument("--shapes", help="comma-separated suite names (default: all)")
+    ap.add_argument("--forms", default=",".join(FORMS), help="comma-separated of 2d,3d,4d (default: all)")
+    ap.add_argument("--reps", type=int, default=7)
+    ap.add_argument("--json", help="also write every session as JSON lines to this file")
+    args = ap.parse_args()
+    wanted = set(args.shapes.split(",")) if args.shapes else None
+    want_forms = [f for f in args.forms.split(",") if f]
+    bad = [f for f in want_forms if f not in FORMS]
+    if bad:
+        print(f"error: unknown form {bad[0]!r} (known: {', '.join(FORMS)})", file=sys.stderr)
+        return 2
+    t = Table(title="overlap gap: best strategy per form, efficiency (T_base - T_win) / (T_base - T_bound)")
+    for col in ("config", "shape", "regime", "form", "equation", "strategies", "comm ms", "comp ms", "bound ms",
+                "baseline ms", "best ms", "IQR ms", "best", "eff", "vs 2d"):
+        t.add_column(col, no_wrap=col in ("config", "best", "equation"))
+    sink = open(args.json, "w") if args.json else None  # noqa: SIM115
+    print(f"loadavg before: {open('/proc/loadavg').read().strip()}", file=sys.stderr)
+    for cfg in args.config or CONFIGS:
+        spec = LabSpec.parse(f"lab:{cfg}")
+        t0 = time.time()
+        with TargetSession(Target.parse(f"lab:{cfg}"), log=lambda m: print(m, file=sys.stderr)) as ts:
+            for name, regime, p in suite(spec.n):
+                if wanted and name not in wanted:
+                    continue
+                best_2d = None
+                for form, q in forms(p).items():
+                    if form not in want_forms:
+                        continue
+                    strategies = space(q, ts.device)
+                    print(f"[{cfg}] {name} {form}: {q.describe()}: {len(strategies)} strategies", file=sys.stderr)
+                    s = run_session(ts.runner(q), q, strategies, reps=args.reps,
+                                    log=lambda m: print(m, file=sys.stderr))
+                    best = s.best()
+                    if form == "2d":
+                        best_2d = best.median_s
+                    rel = "-" if best_2d is None or best.median_s is None else f"{best.median_s / best_2d:.3f}"
+                    t.add_row(cfg, name, regime, form, q.equation, str(len(strategies)), ms(s.comm_s), ms(s.comp_s),
+                              ms(s.bound_s), ms(s.baseline.median_s), ms(best.median_s), ms(best.iqr_s), best.key,
+                              "-" if best.efficiency is None else f"{best.efficiency:.2f}", rel)
+                    if sink:
+                        sink.write(json.dumps({"config": cfg, "shape": name, "form": form, "session": s.to_dict()}) + "\n")
+                        sink.flush()
+        print(f"[{cfg}] done in {time.time() - t0:.0f} s", file=sys.stderr)
+    out.print(t)
+    print(f"loadavg after: {open('/proc/loadavg').read().strip()} ({os.cpu_count()} cores)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
