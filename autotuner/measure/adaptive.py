@@ -3,7 +3,8 @@
 After a session's fixed repetitions, `run_session` keeps timing the baseline, the A/A twin (if
 any) and the candidates that could still be the winner, one interleaved repetition at a time,
 until the leader's speedup CI (against the baseline) is within +/-`target` of its point, every
-candidate is surely slower than the baseline, or the time budget or the repetition cap ends.
+candidate is surely slower than the baseline, or the time budget or the repetition cap ends. A
+session of the baseline against itself alone (an A/A check) repeats until the check passes.
 Pure decisions on the candidates' samples; the timing stays in `session`.
 """
 
@@ -12,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from autotuner.measure.stats import halfwidth, ratio_ci
+from autotuner.measure.stats import aa_ok, halfwidth, ratio_ci
 
 
 @dataclass(frozen=True)
@@ -50,9 +51,13 @@ class Decision:
     leader_halfwidth: float | None
 
 
-def decide(base: Sequence[float], cands: dict[int, Sequence[float]], precision: Precision) -> Decision:
+def decide(base: Sequence[float], cands: dict[int, Sequence[float]], precision: Precision, *,
+           aa: bool = False) -> Decision:
     """One decision after a repetition. `base` is the baseline's samples, `cands` the samples of
     the candidates still being timed (index -> samples, paired with the baseline's by repetition).
+    `aa=True`: `cands` is the baseline's A/A twin alone (a session of the baseline against
+    itself), which stops when the A/A check would pass, its CI containing 1.0 within
+    +/-target (`stats.aa_ok`), and never because it looks slower.
     """
     cis = {}
     for i, samples in cands.items():
@@ -64,6 +69,8 @@ def decide(base: Sequence[float], cands: dict[int, Sequence[float]], precision: 
     lead = max(cis, key=lambda i: (cis[i][0], cis[i][1], -i))
     r, lo, hi = cis[lead]
     hw = halfwidth(r, lo, hi)
+    if aa:
+        return Decision(TARGET if aa_ok(lo, hi, precision.target) else None, tuple(cis), lead, hw)
     if all(c[2] < 1.0 for c in cis.values()):
         return Decision(DECIDED, (), lead, hw)      # the baseline wins whatever more reps say
     if hw is not None and hw <= precision.target:

@@ -196,7 +196,8 @@ def run_session(runner: Runner, problem: Problem, strategies: Sequence[Strategy]
         if not adaptive or base.status != "ok":
             break
         assert precision is not None
-        decision = decide(base.samples, _timed(cands, live, twin), precision)
+        timed = _timed(cands, live, twin)
+        decision = decide(base.samples, timed, precision, aa=twin in timed)
         stop = decision.stop or (CAP if r >= precision.max_reps else None) or (
             BUDGET if time.perf_counter() - t_fixed >= precision.seconds else None) or ""
         if stop:
