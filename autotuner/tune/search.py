@@ -189,8 +189,9 @@ def tune_problem(ts: Any, database: Any, problem: Problem, *, trials: int = 24, 
     `order` (e.g. the cost model's ranking) queues the likely winners first; without one, and
     unless `use_model` is False, the cost model's order is used when the device has a
     calibration in `database` (`autotuner calibrate`).
-    `aa` and `precision` are `run_session`'s (every batch has an A/A twin and adapts its
-    repetitions by default; `Precision(target=0)` keeps `reps` fixed).
+    `aa` and `precision` are `run_session`'s: every batch has an A/A twin by default; with a
+    `Precision` (as `autotuner tune` passes) each batch repeats until its leader's CI is that
+    narrow or the budget ends, without one exactly `reps` repetitions are made.
     """
     import optuna
 
@@ -225,7 +226,6 @@ def tune_problem(ts: Any, database: Any, problem: Problem, *, trials: int = 24, 
     worker = f"{socket.gethostname()}:{os.getpid()}"
     measured = failed = 0
     bound_s = None
-    precision = Precision() if precision is None else precision
     aa_by_key: dict[str, tuple[float | None, tuple[float | None, float | None] | None]] = {}
     task = progress.add_task(f"{name}: tuning", total=budget) if progress is not None else None
     baseline = Strategy.baseline()
