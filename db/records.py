@@ -102,6 +102,9 @@ class MeasurementRecord:
     ``method`` is ``strategy["method"]``; ``status`` ``"ok"`` or ``"failed"`` (then
     ``reason`` says why). Every number is a time in seconds or a ratio of times (``ratio`` is
     baseline time / this time, ``ratio_lo``/``ratio_hi`` its confidence interval): >= 0.
+    ``aa_width`` is the noise floor of the session that measured it: how far from 1.0 the ratio
+    CI of the baseline timed against a second copy of itself reached (an A/A check; ``None``
+    when the session had none). A ratio closer to 1 than that is indistinguishable from noise.
     """
 
     id: int
@@ -120,6 +123,7 @@ class MeasurementRecord:
     ratio: float | None
     ratio_lo: float | None
     ratio_hi: float | None
+    aa_width: float | None
     compile_s: float | None
     memory: dict[str, Any] | None
     run_id: str | None = text(64)

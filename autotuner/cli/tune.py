@@ -58,10 +58,17 @@ def tune(
     seconds: Annotated[float | None, typer.Option(min=1, help="time budget per problem (search)")] = None,
     exhaustive: Annotated[bool, typer.Option(help="measure every strategy of the space")] = False,
     reps: Annotated[int, typer.Option(min=3, help="timed repetitions per strategy")] = 7,
+    precision: Annotated[float, typer.Option(min=0.0, max=0.5, help="then repeat until the leader's speedup "
+                                             "CI is within +/- this fraction (0: exactly --reps)")] = 0.05,
+    precision_seconds: Annotated[float, typer.Option(min=0.0, help="time budget of those extra "
+                                                     "repetitions, per session")] = 60.0,
+    aa: Annotated[bool, typer.Option(help="time the baseline twice (A/A) in every session: the "
+                                     "noise floor, reported as 'A/A +/-'")] = True,
     scale: Annotated[float, typer.Option(min=0.01, max=4.0, help="size factor for the built-in suite")] = 1.0,
     json_out: Annotated[bool, typer.Option("--json", help="one JSON object per problem on stdout")] = False,
 ) -> None:
     """Tune problems on a target and store the measurements and winners."""
+    from autotuner.measure import Precision
     from autotuner.measure.targets import Target, TargetError, TargetSession, default_target
 
     try:
@@ -94,7 +101,8 @@ def tune(
                 say_model(database, ts.device)
             for name, problem in items:
                 row = tune_or_fail(ts, database, name, problem, run_id, exhaustive=exhaustive, trials=trials,
-                                   seconds=seconds, reps=reps)
+                                   seconds=seconds, reps=reps, aa=aa,
+                                   precision=Precision(target=precision, seconds=precision_seconds))
                 if service and row["error"] is None:
                     row.update(upload_run(service, token, ts.device, problem, database, run_id))
                 rows.append(row)
@@ -155,7 +163,8 @@ def tune_or_fail(ts: Any, database: Any, name: str, problem: Any, run_id: str, *
 def failed_row(ts: Any, name: str, problem: Any, error: str, t0: float) -> dict[str, Any]:
     return {"key": problem.key, "name": name, "problem": problem.to_dict(), "device": ts.device.to_dict(),
             "winner": None, "speedup": None, "speedup_ci": None, "baseline_s": None, "winner_s": None,
-            "bound_s": None, "efficiency": None, "trials": 0, "seconds": round(time.perf_counter() - t0, 3),
+            "bound_s": None, "efficiency": None, "aa_width": None, "aa_ci": None, "trials": 0,
+            "seconds": round(time.perf_counter() - t0, 3),
             "failed": None, "error": error[:2000]}
 
 
@@ -172,7 +181,8 @@ def say_model(database: Any, device: Any) -> None:
 
 
 def tune_one(ts: Any, database: Any, name: str, problem: Any, run_id: str, *, exhaustive: bool,
-              trials: int, seconds: float | None, reps: int) -> dict[str, Any]:
+              trials: int, seconds: float | None, reps: int, aa: bool = True,
+              precision: Any = None) -> dict[str, Any]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from autotuner.measure import run_session
@@ -187,19 +197,22 @@ def tune_one(ts: Any, database: Any, name: str, problem: Any, run_id: str, *, ex
         if exhaustive:
             task = prog.add_task(f"{name}: compiling {len(strategies)}", total=reps)
             session = run_session(ts.runner(problem), problem, strategies, reps=reps,
-                                  log=lambda m: err.print(m, highlight=False),
-                                  on_rep=lambda r, n: prog.update(task, completed=r,
+                                  log=lambda m: err.print(m, highlight=False), aa=aa, precision=precision,
+                                  on_rep=lambda r, n: prog.update(task, completed=r, total=n,
                                                                   description=f"{name}: timing"))
             winner = store.save(database, ts.device, problem, store.session_items(session, run_id),
                                 name=name)
             n_trials, failed = len(strategies), sum(c.status != "ok" for c in session.candidates)
             bound_s = session.bound_s
+            aa_w = session.aa_width
+            aa_ci = [session.aa.ratio_lo, session.aa.ratio_hi] if session.aa is not None else None
         else:
             from autotuner.tune.search import tune_problem
 
             result = tune_problem(ts, database, problem, trials=trials, seconds=seconds, reps=reps,
-                                  run_id=run_id, progress=prog, name=name)
+                                  run_id=run_id, progress=prog, name=name, aa=aa, precision=precision)
             winner, n_trials, failed, bound_s = result.winner, result.trials, result.failed, result.bound_s
+            aa_w, aa_ci = result.aa_width, list(result.aa_ci) if result.aa_ci else None
     error = None if winner is not None else store.why_no_winner(database, ts.device, problem)
     eff = None
     if winner is not None and bound_s and winner.baseline_s and winner.winner_s:
@@ -212,7 +225,7 @@ def tune_one(ts: Any, database: Any, name: str, problem: Any, run_id: str, *, ex
             "speedup_ci": [winner.speedup_lo, winner.speedup_hi] if winner else None,
             "baseline_s": winner.baseline_s if winner else None,
             "winner_s": winner.winner_s if winner else None,
-            "bound_s": bound_s, "efficiency": eff, "trials": n_trials,
+            "bound_s": bound_s, "efficiency": eff, "aa_width": aa_w, "aa_ci": aa_ci, "trials": n_trials,
             "seconds": round(time.perf_counter() - t0, 3), "failed": failed, "error": error}
 
 
@@ -240,13 +253,15 @@ def print_summary(rows: list[dict[str, Any]]) -> None:
     from autotuner.strategy import Strategy
 
     t = Table(title="tuned", show_lines=False)
-    for col in ("problem", "winner", "speedup", "CI", "baseline ms", "winner ms", "bound ms", "eff",
-                "trials", "failed", "time s"):
+    for col in ("problem", "winner", "speedup", "CI", "A/A +/-", "baseline ms", "winner ms", "bound ms",
+                "eff", "trials", "failed", "time s"):
         t.add_column(col)
     for r in rows:
         w = Strategy.from_dict(r["winner"]).key if r["winner"] else "-" if r["error"] is None else "FAILED"
         ci = r["speedup_ci"] or [None, None]
+        aa = r.get("aa_width")
         t.add_row(r["name"], w, fmt(r["speedup"], ".3f"), f"{fmt(ci[0], '.2f')}-{fmt(ci[1], '.2f')}",
+                  "-" if aa is None else f"{aa * 100:.1f}%",
                   fmt(r["baseline_s"] and r["baseline_s"] * 1e3, ".2f"),
                   fmt(r["winner_s"] and r["winner_s"] * 1e3, ".2f"),
                   fmt(r["bound_s"] and r["bound_s"] * 1e3, ".2f"), fmt(r["efficiency"], ".2f"),

@@ -3,9 +3,10 @@ interleaved sessions (the only code that times anything), and the statistics of 
 
 from __future__ import annotations
 
+from autotuner.measure.adaptive import Precision
 from autotuner.measure.local import LocalRunner
-from autotuner.measure.session import Candidate, Runner, SessionResult, run_session
-from autotuner.measure.stats import Summary, bound, efficiency, ratio_ci
+from autotuner.measure.session import AA_KEY, Candidate, Runner, SessionResult, run_session
+from autotuner.measure.stats import Summary, aa_ok, aa_width, bound, efficiency, halfwidth, ratio_ci
 
-__all__ = ["Candidate", "LocalRunner", "Runner", "SessionResult", "Summary", "bound", "efficiency",
-           "ratio_ci", "run_session"]
+__all__ = ["AA_KEY", "Candidate", "LocalRunner", "Precision", "Runner", "SessionResult", "Summary",
+           "aa_ok", "aa_width", "bound", "efficiency", "halfwidth", "ratio_ci", "run_session"]

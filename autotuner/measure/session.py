@@ -17,11 +17,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
-from autotuner.measure.stats import Summary, bound, efficiency, ratio_ci
+from autotuner.measure.adaptive import BUDGET, CAP, FIXED, Precision, decide
+from autotuner.measure.stats import Summary, aa_width, bound, efficiency, ratio_ci
 from autotuner.problem import Problem
 from autotuner.strategy import Strategy
 
 COMM, COMP = "comm", "comp"  # program ids of the collective alone and the einsum alone
+AA_KEY = "baseline (A/A)"    # the baseline entered a second time (SessionResult.aa)
 
 
 @dataclass
@@ -43,6 +45,7 @@ class Candidate:
     ratio_hi: float | None = None
     efficiency: float | None = None
     pruned: bool = False               # timing stopped early by the tuner's pruner
+    aa_width: float | None = None      # its session's A/A width (stats.aa_width)
 
     def fail(self, reason: str) -> None:
         self.status, self.reason = "failed", reason
@@ -59,8 +62,11 @@ class SessionResult:
     comm_s: float | None
     comp_s: float | None
     bound_s: float | None
-    reps: int
+    reps: int                          # repetitions done (more than asked when adaptive)
     seconds: float
+    aa: Candidate | None = None        # the A/A twin: the baseline entered a second time
+    aa_width: float | None = None      # stats.aa_width of the twin's ratio CI
+    stop: str = "fixed"                # why the repetitions stopped (adaptive.FIXED, TARGET, ...)
 
     def ok(self) -> list[Candidate]:
         return [c for c in [self.baseline, *self.candidates] if c.status == "ok"]
@@ -74,6 +80,7 @@ class SessionResult:
         d = asdict(self)
         d["baseline"] = self.baseline.to_dict()
         d["candidates"] = [c.to_dict() for c in self.candidates]
+        d["aa"] = self.aa.to_dict() if self.aa is not None else None
         return d
 
 
@@ -109,19 +116,30 @@ def run_session(runner: Runner, problem: Problem, strategies: Sequence[Strategy]
                 log: Callable[[str], None] | None = None,
                 on_rep: Callable[[int, int], None] | None = None,
                 prune: Callable[[int, Candidate, Candidate, int], bool] | None = None,
-                parts: bool = True) -> SessionResult:
+                parts: bool = True, aa: bool = False,
+                precision: Precision | None = None) -> SessionResult:
     """Measure `strategies` (the baseline is added first if missing) in one interleaved session.
 
     `parts=False` skips timing the collective and the einsum alone (no bound then; a tuner
     needs them once per problem, not once per batch).
     `prune(index, candidate, baseline, reps_done)` is asked after every repetition from the third
     on; when it says True the candidate's timing stops there (its samples so far are kept).
+    `aa=True` enters the baseline a second time, compiled and timed like any candidate (the A/A
+    twin, `SessionResult.aa`, never a winner): its ratio CI against the baseline is the noise
+    floor of this session (`SessionResult.aa_width`, see `stats.aa_width`).
+    `precision` (see `adaptive.Precision`): after the `reps` fixed repetitions, repeat the
+    baseline, the twin and the candidates that could still win until the leader's speedup CI is
+    that narrow or the time budget ends (`SessionResult.stop` says which).
     """
     t_start = time.perf_counter()
     strategies = list(strategies)
     if not strategies or not strategies[0].is_baseline:
         strategies = [Strategy.baseline()] + [s for s in strategies if not s.is_baseline]
     cands = [Candidate(s.to_dict(), s.key) for s in strategies]
+    if aa:  # last, so the candidates keep their indices (a tuner's prune maps them to trials)
+        strategies.append(strategies[0])
+        cands.append(Candidate(strategies[0].to_dict(), AA_KEY))
+    twin = len(cands) - 1 if aa else None
     for c, st in zip(cands, runner.prepare(problem, strategies, parts), strict=True):
         c.compile_s, c.memory, c.error = st.get("compile_s"), st.get("memory"), st.get("rel_error")
         if not st["ok"]:
@@ -131,12 +149,15 @@ def run_session(runner: Runner, problem: Problem, strategies: Sequence[Strategy]
     base = cands[0]
     has_parts = parts and problem.pattern.kind != "none" and base.status == "ok"
     live = [i for i, c in enumerate(cands) if c.status == "ok"]
+    adaptive = precision is not None and precision.on
+    stop, t_fixed = FIXED, (math.inf if reps > 0 else time.perf_counter())
     comm: list[float] = []
     comp: list[float] = []
-    for r in range(reps):
+    r = 0
+    while r < reps or adaptive:
         # interleave: rotate the order every repetition so no program always runs first
         order: list[int | str] = live[r % len(live):] + live[: r % len(live)] if live else []
-        if has_parts:
+        if has_parts and r < reps:
             order += [COMM, COMP] if r % 2 == 0 else [COMP, COMM]
         for prog in order:
             if isinstance(prog, int) and (cands[prog].status != "ok" or cands[prog].pruned):
@@ -158,15 +179,32 @@ def run_session(runner: Runner, problem: Problem, strategies: Sequence[Strategy]
                 comp.append(t)
             else:
                 cands[prog].samples.append(t)
-        if prune and r + 1 >= 3 and base.status == "ok":
+        r += 1
+        if prune and r >= 3 and base.status == "ok":
             for i in live[1:]:
                 c = cands[i]
-                if c.status == "ok" and not c.pruned and prune(i, c, base, r + 1):
+                if i != twin and c.status == "ok" and not c.pruned and prune(i, c, base, r):
                     c.pruned = True
                     if log:
-                        log(f"  {c.key}: pruned after {r + 1} repetitions")
+                        log(f"  {c.key}: pruned after {r} repetitions")
         if on_rep:
-            on_rep(r + 1, reps)
+            on_rep(r, reps if not adaptive or r < reps else r + 1)
+        if r < reps:
+            continue
+        if r == reps:
+            t_fixed = time.perf_counter()
+        if not adaptive or base.status != "ok":
+            break
+        assert precision is not None
+        timed = _timed(cands, live, twin)
+        decision = decide(base.samples, timed, precision, aa=twin in timed)
+        stop = decision.stop or (CAP if r >= precision.max_reps else None) or (
+            BUDGET if time.perf_counter() - t_fixed >= precision.seconds else None) or ""
+        if stop:
+            break
+        live = [i for i in live if i in (0, twin) or i in decision.keep]
+    if log and adaptive and r > reps:
+        log(f"  {r} repetitions ({stop})")
     for c in cands:
         if c.status == "ok":
             s = Summary.of(c.samples)
@@ -182,5 +220,19 @@ def run_session(runner: Runner, problem: Problem, strategies: Sequence[Strategy]
         c.ratio_hi = None if math.isnan(hi) else hi
         if t_bound is not None and base.median_s is not None and c.median_s is not None:
             c.efficiency = efficiency(base.median_s, c.median_s, t_bound)
-    return SessionResult(problem.to_dict(), base, cands[1:], t_comm, t_comp, t_bound, reps,
-                         time.perf_counter() - t_start)
+    twin_c = cands.pop() if aa else None
+    width = aa_width(twin_c.ratio_lo, twin_c.ratio_hi) if twin_c is not None else None
+    for c in cands:
+        c.aa_width = width
+    return SessionResult(problem.to_dict(), base, cands[1:], t_comm, t_comp, t_bound, r,
+                         time.perf_counter() - t_start, aa=twin_c, aa_width=width, stop=stop)
+
+
+def _timed(cands: list[Candidate], live: list[int], twin: int | None) -> dict[int, list[float]]:
+    """The candidates still timed (the baseline and the twin aside); in an A/A session, where
+    nothing else is left, the twin itself, so that it is its CI that narrows."""
+    timed = {i: cands[i].samples for i in live
+             if i not in (0, twin) and cands[i].status == "ok" and not cands[i].pruned}
+    if not timed and twin is not None and cands[twin].status == "ok":
+        timed = {twin: cands[twin].samples}
+    return timed

@@ -63,3 +63,26 @@ def efficiency(t_base: float, t: float, t_bound: float) -> float | None:
     if not (t_base - t_bound) > 0 or math.isnan(t):
         return None
     return (t_base - t) / (t_base - t_bound)
+
+
+def halfwidth(ratio: float | None, lo: float | None, hi: float | None) -> float | None:
+    """The CI's half-width relative to its point, (hi - lo) / (2 ratio): 0.05 is "+/-5%"."""
+    if ratio is None or lo is None or hi is None or not ratio > 0 or math.isnan(lo) or math.isnan(hi):
+        return None
+    return (hi - lo) / (2 * ratio)
+
+
+def aa_width(lo: float | None, hi: float | None) -> float | None:
+    """An A/A check's width: how far from 1.0 the CI of two copies of one program reaches,
+    max(1 - lo, hi - 1). A speedup closer to 1 than this is indistinguishable from the session's
+    noise; a CI that misses 1.0 (a bias between identical programs: order, placement) widens it
+    to the far end."""
+    if lo is None or hi is None or math.isnan(lo) or math.isnan(hi):
+        return None
+    return max(1.0 - lo, hi - 1.0, 0.0)
+
+
+def aa_ok(lo: float | None, hi: float | None, tol: float = 0.05) -> bool:
+    """The A/A check passes: the CI contains 1.0 and stays within +/-tol of it."""
+    w = aa_width(lo, hi)
+    return w is not None and lo is not None and hi is not None and lo <= 1.0 <= hi and w <= tol

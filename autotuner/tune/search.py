@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotuner.device import Device
-from autotuner.measure import Candidate, run_session
+from autotuner.measure import Candidate, Precision, run_session
 from autotuner.problem import Problem
 from autotuner.strategy import Strategy
 
@@ -37,6 +37,8 @@ class TuneResult:
     failed: int
     bound_s: float | None
     studied: int           # distinct strategies measured in the study so far (all workers)
+    aa_width: float | None = None  # the A/A width of the session that measured the winner
+    aa_ci: tuple[float | None, float | None] | None = None  # that session's A/A ratio CI
 
 
 def study_name(device: Device, problem: Problem) -> str:
@@ -177,7 +179,8 @@ def tune_problem(ts: Any, database: Any, problem: Problem, *, trials: int = 24, 
                  reps: int = 7, batch: int = 5, run_id: str | None = None, progress: Any = None,
                  name: str = "", seed: int | None = None, db_url: str | None = None,
                  order: Callable[[list[Strategy]], list[Strategy]] | None = None,
-                 use_model: bool = True) -> TuneResult:
+                 use_model: bool = True, aa: bool = True,
+                 precision: Precision | None = None) -> TuneResult:
     """Tune one problem on an open target session `ts`; results into `database`.
 
     `trials` bounds the strategies measured in the study (by all its workers together), `seconds`
@@ -186,6 +189,9 @@ def tune_problem(ts: Any, database: Any, problem: Problem, *, trials: int = 24, 
     `order` (e.g. the cost model's ranking) queues the likely winners first; without one, and
     unless `use_model` is False, the cost model's order is used when the device has a
     calibration in `database` (`autotuner calibrate`).
+    `aa` and `precision` are `run_session`'s: every batch has an A/A twin by default; with a
+    `Precision` (as `autotuner tune` passes) each batch repeats until its leader's CI is that
+    narrow or the budget ends, without one exactly `reps` repetitions are made.
     """
     import optuna
 
@@ -220,6 +226,7 @@ def tune_problem(ts: Any, database: Any, problem: Problem, *, trials: int = 24, 
     worker = f"{socket.gethostname()}:{os.getpid()}"
     measured = failed = 0
     bound_s = None
+    aa_by_key: dict[str, tuple[float | None, tuple[float | None, float | None] | None]] = {}
     task = progress.add_task(f"{name}: tuning", total=budget) if progress is not None else None
     baseline = Strategy.baseline()
     while True:
@@ -271,7 +278,10 @@ def tune_problem(ts: Any, database: Any, problem: Problem, *, trials: int = 24, 
             return bool(t.should_prune()) and ratio < 1.0
 
         session = run_session(ts.runner(problem), problem, [baseline] + [s for _, s in picked], reps=reps,
-                              prune=prune, parts=bound_s is None)
+                              prune=prune, parts=bound_s is None, aa=aa, precision=precision)
+        twin = session.aa
+        aa_of = (session.aa_width, (twin.ratio_lo, twin.ratio_hi) if twin is not None else None)
+        aa_by_key.update({c.key: aa_of for c in [session.baseline, *session.candidates]})
         bound_s = session.bound_s if session.bound_s is not None else bound_s
         store.save(database, device, problem, store.session_items(session, run_id), name=name or None)
         for (t, _s), c in zip(picked, session.candidates, strict=True):
@@ -290,4 +300,5 @@ def tune_problem(ts: Any, database: Any, problem: Problem, *, trials: int = 24, 
             break  # nothing can be checked or timed against a baseline that does not run
     with database.session(read_only=True) as s:
         winner = repo.get_winner(s, device.key, problem.key)
-    return TuneResult(winner, measured, failed, bound_s, len(_measured_keys(study)))
+    aa_w, aa_ci = aa_by_key.get(winner.strategy_key, (None, None)) if winner is not None else (None, None)
+    return TuneResult(winner, measured, failed, bound_s, len(_measured_keys(study)), aa_w, aa_ci)

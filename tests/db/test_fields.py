@@ -128,7 +128,7 @@ def test_measurement_input_is_the_record_less_what_the_database_sets() -> None:
     item = records.measurement_input(c, strategy_key=c.key, run_id="r", host="h")
     assert item == {"strategy": {"method": "ring"}, "strategy_key": "ring-k", "status": "ok",
                     "reason": None, "samples": [1.0, 2.0], "median_s": 1.5, "iqr_s": None,
-                    "min_s": None, "n": 2, "ratio": 1.2, "ratio_lo": 1.1, "ratio_hi": 1.3,
+                    "min_s": None, "n": 2, "ratio": 1.2, "ratio_lo": 1.1, "ratio_hi": 1.3, "aa_width": None,
                     "compile_s": None, "memory": {"peak": 1}, "run_id": "r", "host": "h"}
     assert item["strategy"] is not c.strategy
     with pytest.raises(AttributeError, match="run_id"):  # a field the source lacks must be given

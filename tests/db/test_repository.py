@@ -152,6 +152,7 @@ def mrec(
         ratio=ratio,
         ratio_lo=lo,
         ratio_hi=hi,
+        aa_width=None,
         compile_s=None,
         memory=None,
         run_id=None,

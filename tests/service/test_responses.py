@@ -135,7 +135,7 @@ def measurement_out(id: int, device_id: int, device_key: str, **changes: Any) ->
     return {"id": id, "problem_id": 1, "device_id": device_id, "device_key": device_key,
             "strategy": BASELINE, "strategy_key": "baseline", "method": "baseline", "status": "ok",
             "reason": None, "samples": [0.001] * 7, "median_s": 0.001, "iqr_s": None,
-            "min_s": None, "n": 7, "ratio": None, "ratio_lo": None, "ratio_hi": None,
+            "min_s": None, "n": 7, "ratio": None, "ratio_lo": None, "ratio_hi": None, "aa_width": None,
             "compile_s": None, "memory": None, "run_id": None, "host": None, "created_at": TIME,
             **changes}
 

@@ -18,10 +18,10 @@ from service.testing import DEVICE, RING, WRITE_HEADERS, problem
 def _candidates() -> list[Candidate]:
     base = Candidate(strategy={"method": "baseline"}, key="baseline", samples=[1e-3] * 3,
                      median_s=1e-3, iqr_s=1e-5, min_s=9.9e-4, n=3, compile_s=0.5,
-                     memory={"temp_size_in_bytes": 1024})
+                     memory={"temp_size_in_bytes": 1024}, aa_width=0.03)
     ring = Candidate(strategy=RING, key="ring-uni-c1-ufull-loop-send", samples=[8e-4] * 3,
                      median_s=8e-4, iqr_s=2e-5, min_s=7.9e-4, n=3, ratio=1.25, ratio_lo=1.2,
-                     ratio_hi=1.3, compile_s=0.7, memory={"temp_size_in_bytes": 2048})
+                     ratio_hi=1.3, compile_s=0.7, memory={"temp_size_in_bytes": 2048}, aa_width=0.03)
     failed = Candidate(strategy=dict(RING, chunks=4), key="ring-uni-c4-ufull-loop-send",
                        status="failed", reason="does not divide")
     return [base, ring, failed]
