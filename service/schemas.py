@@ -209,6 +209,9 @@ class ResultsRequest(BaseModel):
     device: DeviceField
     problem: ProblemField
     measurements: list[MeasurementIn] = Field(min_length=1, max_length=10_000)
+    name: str | None = Field(default=None, max_length=256,
+                             description="a readable label for the problem (e.g. the model's layer), "
+                                         "shown by the dashboard; kept when omitted")
 
 
 class ResultsResponse(BaseModel):

@@ -104,7 +104,7 @@ def tune(
                                    seconds=seconds, reps=reps, aa=aa,
                                    precision=Precision(target=precision, seconds=precision_seconds))
                 if service and row["error"] is None:
-                    row.update(upload_run(service, token, ts.device, problem, database, run_id))
+                    row.update(upload_run(service, token, ts.device, problem, database, run_id, name=name))
                 rows.append(row)
                 if json_out:
                     sys.stdout.write(json.dumps(row) + "\n")
@@ -229,8 +229,8 @@ def tune_one(ts: Any, database: Any, name: str, problem: Any, run_id: str, *, ex
             "seconds": round(time.perf_counter() - t0, 3), "failed": failed, "error": error}
 
 
-def upload_run(service: str, token: str | None, device: Any, problem: Any, database: Any, run_id: str
-            ) -> dict[str, Any]:
+def upload_run(service: str, token: str | None, device: Any, problem: Any, database: Any, run_id: str,
+               name: str | None = None) -> dict[str, Any]:
     """Send this run's measurements to the service; its winner replaces the local one."""
     import httpx
 
@@ -238,7 +238,7 @@ def upload_run(service: str, token: str | None, device: Any, problem: Any, datab
 
     try:
         with http_client(service, token) as http:
-            res = upload(http, device, problem, run_items(database, device, problem, run_id))
+            res = upload(http, device, problem, run_items(database, device, problem, run_id), name=name)
     except (ServiceError, httpx.HTTPError) as e:
         fail(f"{service}: {e} (the measurements stay in {database.url})")
         raise AssertionError from e

@@ -62,11 +62,14 @@ def run_items(database: Any, device: Device, problem: Problem, run_id: str) -> l
     return [measurement_input(m) for m in ms if m.run_id == run_id]
 
 
-def upload(http: httpx.Client, device: Device, problem: Problem, items: list[dict[str, Any]]) -> dict[str, Any]:
+def upload(http: httpx.Client, device: Device, problem: Problem, items: list[dict[str, Any]],
+           name: str | None = None) -> dict[str, Any]:
     if not items:
         raise ServiceError("nothing to upload: no measurements were taken")
-    r = http.post("/v1/results", json={"device": device.to_dict(), "problem": problem.to_dict(),
-                                       "measurements": items})
+    body = {"device": device.to_dict(), "problem": problem.to_dict(), "measurements": items}
+    if name is not None:
+        body["name"] = name
+    r = http.post("/v1/results", json=body)
     return _check(r, "uploading results")
 
 

@@ -29,7 +29,7 @@ def post_results(_: WriteAuth, req: ResultsRequest, state: StateDep) -> ResultsR
         item = m.model_dump(exclude={"strategy", "strategy_key"}, exclude_none=True)
         item.update(strategy=m.strategy.to_dict(), strategy_key=key)
         items.append(item)
-    winner = store.save(state.database, req.device, req.problem, items)
+    winner = store.save(state.database, req.device, req.problem, items, name=req.name)
     dkey, pkey = state.parse_memo.key(req.device), state.parse_memo.key(req.problem)
     state.lookups.forget(dkey, pkey)
     return ResultsResponse(device_key=dkey, problem_key=pkey, recorded=len(items),

@@ -59,3 +59,18 @@ def test_a_runs_measurements_reach_the_service_unchanged(client, sqlite_template
         assert any(getattr(m, f) not in (None, (), 0) for m in served), f
     assert served[0].memory == {"temp_size_in_bytes": 1024} and served[2].reason == "does not divide"
     assert {m.host for m in served} == {"h1"}
+
+
+def test_an_upload_carries_the_problems_readable_name(client):
+    """`tune --service` uploads the problem's name (its layer) with the measurements; a later upload
+    without one keeps it."""
+    device, prob = Device.from_dict(DEVICE), Problem.from_dict(problem())
+    items = [store.measurement_item(c, run_id="run-1", host="h1") for c in _candidates()]
+    client.headers.update(WRITE_HEADERS)
+    worker.upload(client, device, prob, items, name="mlp/up_proj")
+    worker.upload(client, device, prob, items)
+    with client.app.state.autotuner.database.session(read_only=True) as s:
+        assert repo.get_problem_by_key(s, prob.key).name == "mlp/up_proj"
+    r = client.post("/v1/results", json={"device": DEVICE, "problem": problem(), "name": "x" * 257,
+                                         "measurements": items})
+    assert r.status_code == 422 and "name" in r.text
