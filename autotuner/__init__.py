@@ -1,7 +1,7 @@
 """overlap-autotuner: per-shape choice of how to overlap a collective with its einsum.
 
 Pure data (Problem, Strategy, Device) and the errors import without JAX; the functions and the
-errors of the heavier rooms (`build`, `space`, `extract`, `collective_einsum`, ...) are imported
+errors of the heavier rooms (`build`, `space`, `extract`, `collective_einsum`, `overlap`, ...) are imported
 on first use, so `import autotuner` stays light.
 """
 
@@ -24,6 +24,8 @@ _LAZY = {
     "ExtractError": "autotuner.hlo",
     "collective_einsum": "autotuner.runtime.collective",
     "DecisionError": "autotuner.runtime.collective",
+    "overlap": "autotuner.runtime.overlap",
+    "OverlapError": "autotuner.runtime.overlap",
     "Client": "autotuner.runtime.client",
     "ClientError": "autotuner.runtime.client",
     "ProblemsFileError": "autotuner.problem.files",
