@@ -42,7 +42,7 @@ def bench_on_lab(tgt: Any, target: str, fkw: dict[str, Any], shape: dict[str, in
                        LOAD_TIMEOUT_S)
         if "error" in got:
             fail(f"the lab could not load {target}: {got['error']}")
-        rows, notes, error = got["plan"], got["notes"], float(got["error"])
+        rows, notes, error = got["plan"], got["notes"], float(got["rel_error"])
         dtypes = {r["problem"]["dtype"] for r in rows if r["problem"]} or {"float32"}
         tol = max(2 * TOLERANCE.get(d, 2e-5) for d in dtypes)
         if not error <= tol:
