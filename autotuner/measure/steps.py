@@ -118,8 +118,14 @@ class StepBench:
 
     @property
     def comm_s(self) -> float | None:
-        """The decomposed pairs' collectives alone, per step (count x time)."""
+        """Every timed pair's collective alone, per step (count x time): decomposed or not."""
         got = [p.count * p.comm_s for p in self.pairs if p.comm_s is not None]
+        return sum(got) if got else None
+
+    @property
+    def decomposed_comm_s(self) -> float | None:
+        """The decomposed pairs' collectives alone, per step."""
+        got = [p.count * p.comm_s for p in self.pairs if p.comm_s is not None and p.strategy != "baseline"]
         return sum(got) if got else None
 
     @property
@@ -129,7 +135,8 @@ class StepBench:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        d.update(slower=self.slower, comm_s=self.comm_s, predicted_saved_s=self.predicted_saved_s,
+        d.update(slower=self.slower, comm_s=self.comm_s, decomposed_comm_s=self.decomposed_comm_s,
+                 predicted_saved_s=self.predicted_saved_s,
                  pairs=[{**asdict(p), "saved_s": p.saved_s} for p in self.pairs])
         return d
 
@@ -143,11 +150,12 @@ def compare(plain: Sequence[float], overlapped: Sequence[float], reps: int) -> S
 
 def pair_breakdown(plan: Any, runner_for: Callable[[Any], Any], *, reps: int,
                    log: Callable[[str], None] | None = None) -> list[PairTiming]:
-    """Each distinct (problem, strategy) the plan decomposes, timed alone in one interleaved
-    session of the tuner's harness (`runner_for(problem)` gives its Runner)."""
+    """Each distinct (problem, strategy) of the plan's pairs, timed alone in one interleaved
+    session of the tuner's harness (`runner_for(problem)` gives its Runner): the decomposed ones
+    against their baseline, the others (strategy `baseline`) for their collective's share."""
     groups: dict[tuple[str, str], tuple[Any, Any, PairTiming]] = {}
     for r in plan:
-        if not r.applied or r.problem is None:
+        if r.problem is None:
             continue
         k = (r.problem.key, r.strategy.key)
         if k not in groups:
@@ -160,17 +168,22 @@ def pair_breakdown(plan: Any, runner_for: Callable[[Any], Any], *, reps: int,
         if log:
             log(f"timing {strategy.key} on {problem.describe()} alone")
         try:
-            res = run_session(runner_for(problem), problem, [strategy], reps=reps, parts=True)
+            res = run_session(runner_for(problem), problem, [] if strategy.is_baseline else [strategy],
+                              reps=reps, parts=True)
         except Exception as e:  # noqa: BLE001 - a breakdown row that failed says why
             t.failed = f"{type(e).__name__}: {e}"[:500]
             out.append(t)
             continue
         base, cands = res.baseline, res.candidates
         t.baseline_s, t.comm_s, t.comp_s = base.median_s, res.comm_s, res.comp_s
-        if cands and cands[0].status == "ok":
+        if base.status != "ok":
+            t.failed = base.reason
+        elif strategy.is_baseline:
+            pass
+        elif cands and cands[0].status == "ok":
             c = cands[0]
             t.strategy_s, t.ratio, t.ratio_lo, t.ratio_hi = c.median_s, c.ratio, c.ratio_lo, c.ratio_hi
         else:
-            t.failed = cands[0].reason if cands else base.reason
+            t.failed = cands[0].reason if cands else "not timed"
         out.append(t)
     return out

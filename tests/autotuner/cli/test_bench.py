@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -46,9 +47,31 @@ def test_bench_model_forced_ring_json(tmp_path):
 
 
 def test_bench_model_baseline_table_and_errors(tmp_path):
-    r = run(["bench-model", *EXAMPLE, "--target", "inproc:4", "--strategy", "baseline", "--reps", "3"], tmp_path)
+    r = run(["bench-model", *EXAMPLE, "--target", "inproc:4", "--strategy", "baseline", "--reps", "5",
+             "--pair-reps", "3"], tmp_path)
     assert r.returncode == 0, r.stderr
     assert "0 of 4 pair(s) decomposed" in r.stdout and "speedup" in r.stdout
     assert "no pair is decomposed" in r.stdout
+    # the pairs are still timed alone, for their collectives' share of the step
+    breakdown = r.stdout.split("pairs, each timed alone")[1].split("collectives alone, all pairs:")
+    assert len(breakdown) == 2
+    assert len(re.findall(r"^\s+[0-9a-f]{12}\s+baseline\s+1\s", breakdown[0], re.M)) == 4
     bad = run(["bench-model", *EXAMPLE, "--target", "gpu:9"], tmp_path)
     assert bad.returncode == 2 and "expected inproc:N" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.mark.lab
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_bench_model_on_a_lab_builds_the_program_in_every_process(tmp_path):
+    """lab:none:2 (plain loopback, no root needed): the factory runs in both processes, the
+    numerics are checked across them, both programs are timed and each pair alone."""
+    r = run(["bench-model", "autotuner.examples.transformer:train_step", "--mesh", '{"model": 2}',
+             "--kwargs", '{"layers": 1}', "--target", "lab:none:2", "--strategy", "ring-uni-c2-ufull-loop-send",
+             "--reps", "5", "--pair-reps", "3", "--json"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert got["error"] <= 4e-5 and got["plain"]["n"] == got["overlapped"]["n"] == 5
+    applied = [p for p in got["plan"] if p["applied"]]
+    assert len(applied) == len(got["plan"]) == 12          # forward 4 + backward 8 pairs, 1 layer
+    assert sum(t["count"] for t in got["pairs"]) == 12 and all(t["failed"] is None for t in got["pairs"])

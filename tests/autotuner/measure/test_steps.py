@@ -36,8 +36,10 @@ def test_pair_saving_and_step_sums():
     t = PairTiming(["a", "b"], "k", "ring", 3, baseline_s=2.0, strategy_s=1.5, comm_s=1.0, comp_s=0.8)
     assert t.saved_s == 1.5
     res = compare([5.0] * 3, [4.0] * 3, 3)
-    res.pairs = [t, PairTiming(["c"], "k2", "ring", 1, failed="boom")]
-    assert res.comm_s == 3.0 and res.predicted_saved_s == 1.5
+    plain = PairTiming(["d"], "k3", "baseline", 2, baseline_s=1.0, comm_s=0.5, comp_s=0.4)
+    res.pairs = [t, PairTiming(["c"], "k2", "ring", 1, failed="boom"), plain]
+    assert res.comm_s == 4.0 and res.decomposed_comm_s == 3.0 and res.predicted_saved_s == 1.5
+    assert plain.saved_s is None
 
 
 def test_time_steps_interleaves_and_counts():
