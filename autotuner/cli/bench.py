@@ -18,7 +18,7 @@ from autotuner.cli.plan import print_plan, strategy_arg
 from autotuner.cli.program import FACTORY_HELP, parse_kwargs, parse_mesh
 from autotuner.cli.winners import SOURCE_HELP, make_client
 
-HELP = f"""Benchmark a program's step: plain jax.jit against autotuner.overlap(fn), interleaved in one run (median and 95% interval per step, speedup with its interval), with the per-pair breakdown: each decomposed pair timed alone (baseline, decomposition, collective alone, einsum alone).
+HELP = f"""Benchmark a program's step: plain jax.jit against autotuner.overlap(fn), interleaved in one run (median and 95% interval per step, speedup with its interval), with the per-pair breakdown: every pair timed alone (baseline, its decomposition, the collective alone, the einsum alone).
 
 {FACTORY_HELP} Example: autotuner bench-model autotuner.examples.transformer:train_step --target lab:shared:4:2gbit --db sqlite:///autotuner.db
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from autotuner.cli.common import fail
 
-FACTORY_HELP = ("TARGET is MODULE:FACTORY (MODULE a dotted module name or a path to a .py file); "
+FACTORY_HELP = ("The argument is MODULE:FACTORY (MODULE a dotted module name or a path to a .py file); "
                 "FACTORY returns (fn, args) or (fn, args, kwargs) and is called with --kwargs, plus "
                 "mesh=(the --mesh as a jax Mesh) when --mesh is given and it takes a `mesh` parameter.")
 
