@@ -1,7 +1,7 @@
 """overlap-autotuner: per-shape choice of how to overlap a collective with its einsum.
 
 Pure data (Problem, Strategy, Device) and the errors import without JAX; the functions and the
-errors of the heavier rooms (`build`, `space`, `extract`, `collective_einsum`, ...) are imported
+errors of the heavier rooms (`build`, `space`, `extract`, `collective_einsum`, `overlap`, ...) are imported
 on first use, so `import autotuner` stays light.
 """
 
@@ -25,6 +25,8 @@ _LAZY = {
     "collective_einsum": "autotuner.runtime.collective",
     "collective_einsums": "autotuner.runtime.grouped",
     "DecisionError": "autotuner.runtime.collective",
+    "overlap": "autotuner.runtime.overlap",
+    "OverlapError": "autotuner.runtime.overlap",
     "Client": "autotuner.runtime.client",
     "ClientError": "autotuner.runtime.client",
     "ProblemsFileError": "autotuner.problem.files",

@@ -64,9 +64,12 @@ def up(
     trials: Annotated[int, typer.Option(min=1, help="trial budget per shape")] = 6,
     reps: Annotated[int, typer.Option(min=3)] = 5,
     tune_only: Annotated[bool, typer.Option(help="tune, then exit without serving")] = False,
+    bench: Annotated[bool, typer.Option("--bench/--no-bench", help="then tune the example's training "
+                                        "step and benchmark it plain vs overlapped")] = True,
 ) -> None:
     """The main job: tune the built-in transformer suite on the best target here, store the
-    results in the database, then serve them with the dashboard."""
+    results in the database, then (--bench) tune the example transformer's training step and
+    show `bench-model`'s figure for it, then serve them with the dashboard."""
     from autotuner.measure.targets import Target, TargetError
     from autotuner.problem.suite import suite
 
@@ -78,6 +81,7 @@ def up(
     rows = []
     try:
         ts = _start_with_fallback(Target.parse(chosen))
+        used = ts.target.text
         with ts:
             err.print(f"device {ts.device.label} ({ts.device.key[:8]})", highlight=False)
             say_model(database, ts.device)
@@ -89,6 +93,8 @@ def up(
         fail(str(e))
     print_summary(rows)
     err.print(f"tuned {len(rows)} shapes in {time.perf_counter() - t0:.0f} s into {url}", highlight=False)
+    if bench:
+        bench_example(used, url, ts.num_devices, trials=trials, reps=reps)
     if tune_only:
         return
     import uvicorn
@@ -100,6 +106,35 @@ def up(
     err.print(f"dashboard: http://{host}:{port}/   (API: http://{host}:{port}/docs; Ctrl-C stops)",
               highlight=False)
     uvicorn.run("service.app:app", host=host, port=port, log_level="warning")
+
+
+# The example's training step at a shape where its collectives are a large share of the step on a
+# 2 Gbit/s lab (README, "The compiler pass"): one layer, 8 x 128 tokens, d_model 512, d_ff 512.
+EXAMPLE_STEP = {"layers": 1, "batch": 8, "seq": 128, "d_model": 512, "heads": 8, "d_head": 16, "d_ff": 512}
+
+
+def bench_example(target: str, url: str, n: int, *, trials: int, reps: int) -> None:
+    """extract -> tune -> bench-model for the example's training step on `target`, each a
+    subprocess of this CLI (each starts its own devices or lab); failures are reported, not raised."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+
+    factory = "autotuner.examples.transformer:train_step"
+    common = ["--mesh", json.dumps({"model": n}), "--kwargs", json.dumps(EXAMPLE_STEP)]
+    with tempfile.TemporaryDirectory(prefix="autotuner-up-") as tmp:
+        problems = os.path.join(tmp, "step.json")
+        steps = [["extract", factory, *common, "-q", "-o", problems],
+                 ["tune", "--problems", problems, "--target", target, "--db", url, "--trials", str(trials),
+                  "--reps", str(reps)],
+                 ["bench-model", factory, *common, "--target", target, "--db", url]]
+        for argv in steps:
+            err.print(f"$ autotuner {' '.join(argv)}", highlight=False)
+            if subprocess.run([sys.executable, "-m", "autotuner.cli", *argv]).returncode != 0:
+                err.print(f"autotuner {argv[0]} failed; the benchmark of the example's step is skipped",
+                          highlight=False)
+                return
 
 
 # -- demo ------------------------------------------------------------------------------------------

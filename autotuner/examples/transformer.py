@@ -171,3 +171,28 @@ def example(mesh: Mesh | None = None, layers: int = 2, dtype: str = "float32",
     cfg = Config(layers=layers, dtype=dtype, axis=mesh.axis_names[0])
     fn = jax.jit(functools.partial(forward, cfg=cfg, mesh=mesh, proj=proj))
     return fn, example_args(cfg, mesh)
+
+
+def loss(params: list[dict[str, jax.Array]], x: jax.Array, cfg: Config, mesh: Mesh,
+         proj: Proj | None = None) -> jax.Array:
+    """A toy objective for the training step: the mean square of the output (in float32)."""
+    return (forward(params, x, cfg, mesh, proj).astype(jnp.float32) ** 2).mean()
+
+
+def train_step(mesh: Mesh | None = None, layers: int = 2, dtype: str = "float32", batch: int = 2,
+               seq: int = 64, d_model: int = 64, heads: int = 8, d_head: int = 8, d_ff: int = 256,
+               lr: float = 0.01) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """(fn, args) of a whole training step: `fn(params, x) -> (loss, new params)`, value_and_grad of
+    `loss` and an SGD update, jitted, on a 4-device `model` mesh (or `mesh`, its first axis the
+    model axis). The shapes are keyword arguments, e.g. for `autotuner plan/bench-model --kwargs`.
+    Its backward pass has the transposed pairs: the gradient of each row-parallel projection's
+    input is gathered before its dot, that of each column-parallel one reduce-scattered after."""
+    mesh = mesh or make_mesh(4)
+    cfg = Config(batch=batch, seq=seq, d_model=d_model, heads=heads, d_head=d_head, d_ff=d_ff,
+                 layers=layers, dtype=dtype, axis=mesh.axis_names[0])
+
+    def step(params: list[dict[str, jax.Array]], x: jax.Array) -> tuple[jax.Array, Any]:
+        value, grads = jax.value_and_grad(loss)(params, x, cfg, mesh)
+        return value, jax.tree.map(lambda p, g: p - lr * g.astype(p.dtype), params, grads)
+
+    return jax.jit(step), example_args(cfg, mesh)

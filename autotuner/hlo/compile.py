@@ -64,6 +64,12 @@ def partitioned_hlo(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[
     """(propagated, partitioned, num_partitions): the HLO text before and after XLA's SPMD
     partitioner for `fn` compiled with the example arguments. For a one-device program, where the
     partitioner does not run, both texts are ''."""
+    return compile_with_hlo(fn, *args, **kwargs)[:3]
+
+
+def compile_with_hlo(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[str, str, int, Any]:
+    """`partitioned_hlo`'s texts and partition count, and the compiled executable
+    (`jax.stages.Compiled`), so a caller that runs the program needs no second compile."""
     import jax
 
     jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
@@ -75,7 +81,7 @@ def partitioned_hlo(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[
         opts = {"xla_dump_to": d, "xla_dump_hlo_pass_re": "spmd-partitioning",
                 "xla_dump_hlo_as_text": True, "xla_dump_hlo_as_proto": False}
         try:
-            lowered.compile(compiler_options=opts)
+            compiled = lowered.compile(compiler_options=opts)
         except Exception as e:  # noqa: BLE001
             raise ExtractError(f"could not compile the function: {e}") from e
         files = sorted(glob.glob(os.path.join(d, "*.txt")))
@@ -96,13 +102,13 @@ def partitioned_hlo(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[
             if parts > 1:
                 raise ExtractError("XLA did not dump the module around spmd-partitioning (is the persistent "
                                    "compilation cache answering? set JAX_ENABLE_COMPILATION_CACHE=false)")
-            return "", "", parts
+            return "", "", parts, compiled
         with open(before[-1]) as fh:
             pre = fh.read()
         with open(after[-1]) as fh:
             post = fh.read()
     m = re.search(r"num_partitions=(\d+)", post.split("\n", 1)[0])
-    return pre, post, int(m.group(1)) if m else 1
+    return pre, post, int(m.group(1)) if m else 1, compiled
 
 
 def extract_report(fn: Callable[..., Any], *args: Any, mesh: Any = None, **kwargs: Any) -> ExtractReport:

@@ -52,6 +52,8 @@ class Decision:
     strategy: Strategy
     source: str
     origin: str
+    speedup: float | None = None                      # the answer's measured/predicted speedup
+    confidence: tuple[float, float] | None = None     # its interval, where one was measured
 
 
 class DecisionTable:
@@ -187,7 +189,7 @@ def _local_decision(problem: Problem, client: Any) -> Decision:
     if client is None:
         return Decision(problem.key, Strategy.baseline(), "default", "unconfigured")
     r = client.lookup(problem, client.device)  # the client's fingerprint: Device.current() by default
-    return Decision(problem.key, r.strategy, r.source, r.origin)
+    return Decision(problem.key, r.strategy, r.source, r.origin, r.speedup, r.confidence)
 
 
 def _kv_client() -> Any:
@@ -211,14 +213,17 @@ def _shared_decision(problem: Problem, client: Any) -> Decision:
         except Exception:  # noqa: BLE001 - the others wait for a decision: publish the baseline
             log.exception("collective_einsum: the lookup failed; every process uses the baseline")
             decision = Decision(problem.key, Strategy.baseline(), "default", "error")
-        payload = {"strategy": decision.strategy.to_dict(), "source": decision.source}
+        payload = {"strategy": decision.strategy.to_dict(), "source": decision.source,
+                   "speedup": decision.speedup,
+                   "confidence": list(decision.confidence) if decision.confidence else None}
         kv.key_value_set(name, json.dumps(payload), allow_overwrite=True)
         return decision
     try:
         text = kv.blocking_key_value_get(name, int(DECISION_TIMEOUT_S * 1000))
         payload = json.loads(text)
+        ci = payload.get("confidence")
         return Decision(problem.key, Strategy.from_dict(payload["strategy"]), str(payload["source"]),
-                        "process0")
+                        "process0", payload.get("speedup"), (float(ci[0]), float(ci[1])) if ci else None)
     except Exception as e:  # noqa: BLE001 - any failure here means the processes cannot agree
         raise DecisionError(
             f"collective_einsum: process {jax.process_index()} got no strategy from process 0 for "

@@ -1,0 +1,157 @@
+"""`autotuner bench-model MODULE:FACTORY --target ...`: plain `jax.jit` against `overlap(fn)` on
+one target, interleaved in one run: median and 95% interval per step, the speedup with its
+interval, and the per-pair breakdown (each decomposed pair timed alone with the tuner's harness).
+Flags a program whose overlapped step is slower than plain beyond the interval.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from typing import Annotated, Any
+
+import typer
+
+from autotuner.cli.common import app, err, fail, fmt
+from autotuner.cli.plan import print_plan, strategy_arg
+from autotuner.cli.program import FACTORY_HELP, parse_kwargs, parse_mesh
+from autotuner.cli.winners import SOURCE_HELP, make_client
+
+HELP = f"""Benchmark a program's step: plain jax.jit against autotuner.overlap(fn), interleaved in one run (median and 95% interval per step, speedup with its interval), with the per-pair breakdown: every pair timed alone (baseline, its decomposition, the collective alone, the einsum alone).
+
+{FACTORY_HELP} Example: autotuner bench-model autotuner.examples.transformer:train_step --target lab:shared:4:2gbit --db sqlite:///autotuner.db
+
+--target is inproc:N (N in-process CPU devices), lab:TOPOLOGY:N:RATE (N processes on emulated links; the factory runs in each) or local (this machine's accelerators). Winners come from --db/--service/--snapshot for the target's device (--device to pick another); --strategy forces one for every pair. The overlapped results are checked against plain jit's before timing."""
+
+
+def _ms(x: float | None) -> str:
+    return fmt(None if x is None else 1e3 * x, ".2f")
+
+
+def print_report(res: Any, plan: list[dict[str, Any]], out: Any = None) -> None:
+    out = out or sys.stdout
+    p, o = res.plain, res.overlapped
+    out.write(f"{'step':<12}{'median':>12}{'95% interval':>26}{'n':>5}\n")
+    for name, s in (("plain", p), ("overlapped", o)):
+        out.write(f"{name:<12}{_ms(s.median_s) + ' ms':>12}{'[' + _ms(s.lo_s) + ', ' + _ms(s.hi_s) + '] ms':>26}"
+                  f"{s.n:>5}\n")
+    out.write(f"speedup {res.speedup:.3f}x [{fmt(res.speedup_lo, '.3f')}, {fmt(res.speedup_hi, '.3f')}]"
+              f" (plain / overlapped, 95% interval)\n")
+    if res.pairs:
+        out.write("pairs, each timed alone (ms per run; x = runs per step; baseline rows: not decomposed):\n")
+        head = ("problem", "strategy", "x", "baseline", "decomposed", "ratio", "collective", "einsum",
+                "saved/step")
+        rows = [head] + [(t.key[:12], t.strategy, str(t.count), _ms(t.baseline_s), _ms(t.strategy_s),
+                          fmt(t.ratio, ".2f"), _ms(t.comm_s), _ms(t.comp_s), _ms(t.saved_s))
+                         for t in res.pairs]
+        widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+        for r in rows:
+            out.write("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() + "\n")
+        for t in res.pairs:
+            if t.failed:
+                out.write(f"  {t.key[:12]} {t.strategy}: {t.failed}\n")
+        comm, dec, saved = res.comm_s, res.decomposed_comm_s, res.predicted_saved_s
+        measured = p.median_s - o.median_s
+
+        def share(x: float | None) -> str:
+            return f" ({100 * x / p.median_s:.0f}% of the plain step)" if x is not None and p.median_s else ""
+
+        out.write(f"collectives alone, all pairs: {_ms(comm)} ms per step{share(comm)}; of the decomposed "
+                  f"pairs: {_ms(dec)} ms{share(dec)}\n")
+        out.write(f"saving per step: predicted from the pairs alone {_ms(saved)} ms, measured "
+                  f"{_ms(measured)} ms\n")
+    if not any(r["applied"] for r in plan):
+        out.write("no pair is decomposed: overlapped is plain jit (see the plan)\n")
+    if res.slower:
+        out.write("FLAG: overlapped is slower than plain beyond the interval\n")
+    out.flush()
+
+
+@app.command("bench-model", help=HELP)
+def bench_cmd(
+    target: Annotated[str, typer.Argument(metavar="MODULE:FACTORY", help="a factory of (fn, args)")],
+    on: Annotated[str, typer.Option("--target", help="inproc:N, lab:TOPOLOGY:N:RATE or local")] = "inproc:4",
+    mesh: Annotated[str | None, typer.Option("--mesh", help='mesh axes, e.g. \'{"model": 4}\'')] = None,
+    kwargs: Annotated[str | None, typer.Option("--kwargs", help="JSON object of keyword arguments "
+                                               "for the factory")] = None,
+    explicit: Annotated[bool, typer.Option("--explicit/--auto", help="axis types of the --mesh")] = True,
+    db: Annotated[str | None, typer.Option("--db", help=SOURCE_HELP)] = None,
+    service: Annotated[str | None, typer.Option("--service", help="service URL to read winners from")] = None,
+    snapshot: Annotated[str | None, typer.Option("--snapshot", help="snapshot file of winners")] = None,
+    device: Annotated[str | None, typer.Option("--device", help="whose winners (default: the target's)")] = None,
+    strategy: Annotated[str, typer.Option("--strategy", help="auto, baseline, or one strategy "
+                                          "(key or JSON) for every pair")] = "auto",
+    reps: Annotated[int, typer.Option(min=5, help="timed steps of each program")] = 20,
+    warmup: Annotated[int, typer.Option(min=1, help="untimed steps of each program first")] = 2,
+    pairs: Annotated[bool, typer.Option("--pairs/--no-pairs", help="time each decomposed pair alone")] = True,
+    pair_reps: Annotated[int, typer.Option(min=3, help="repetitions per pair alone")] = 7,
+    json_out: Annotated[bool, typer.Option("--json", help="the result as one JSON object on stdout")] = False,
+) -> None:
+    from autotuner.measure.targets import Target, TargetError
+
+    chosen = strategy_arg(strategy)
+    try:
+        tgt = Target.parse(on)
+    except TargetError as e:
+        fail(str(e))
+    shape = parse_mesh(mesh)
+    fkw = parse_kwargs(kwargs)
+    with tempfile.TemporaryDirectory(prefix="autotuner-bench-") as tmp:
+        if tgt.kind == "lab":
+            from autotuner.cli.bench_lab import bench_on_lab
+
+            res, plan, notes, error = bench_on_lab(
+                tgt, target, fkw, shape, explicit, chosen, dict(db=db, service=service, snapshot=snapshot,
+                                                                 device=device), tmp,
+                reps=reps, warmup=warmup, pairs=pairs, pair_reps=pair_reps)
+        else:
+            res, plan, notes, error = _bench_here(
+                tgt, target, fkw, shape, explicit, chosen, dict(db=db, service=service, snapshot=snapshot,
+                                                                 device=device), tmp,
+                reps=reps, warmup=warmup, pairs=pairs, pair_reps=pair_reps)
+    if json_out:
+        sys.stdout.write(json.dumps({"target": on, "program": target, "error": error, "plan": plan,
+                                     "notes": notes, **res.to_dict()}, default=str) + "\n")
+        sys.stdout.flush()
+    else:
+        print_plan(plan, notes)
+        print_report(res, plan)
+
+
+def _bench_here(tgt: Any, target: str, fkw: dict[str, Any], shape: dict[str, int] | None, explicit: bool,
+                chosen: Any, sources: dict[str, Any], tmp: str, *, reps: int, warmup: int, pairs: bool,
+                pair_reps: int) -> tuple[Any, list[dict[str, Any]], list[str], float]:
+    from autotuner.cli.plan import mesh_size
+    from autotuner.measure.model import Bench, ModelError, load_factory, plan_rows
+    from autotuner.measure.steps import compare, pair_breakdown, time_steps
+    from autotuner.measure.targets import TargetError, TargetSession
+    from autotuner.problem import Problem
+    from autotuner.testing import TOLERANCE
+
+    try:
+        session = TargetSession(tgt, log=lambda m: err.print(m, highlight=False))
+    except TargetError as e:
+        fail(str(e))
+    with session:
+        try:
+            prog = load_factory(target, fkw, shape, explicit)
+        except ModelError as e:
+            fail(str(e))
+        winners = make_client(**sources, n=mesh_size(prog), tmpdir=tmp, prefer=session.device.key)
+        err.print(f"benchmarking {target} on {tgt.text}; {winners.where}", highlight=False)
+        bench = Bench(prog, chosen, winners.client)
+        rows = plan_rows(bench.plan)
+        error = bench.error()
+        dtypes = {Problem.from_dict(r["problem"]).dtype for r in rows if r["problem"]} or {"float32"}
+        tol = max(2 * TOLERANCE.get(d, 2e-5) for d in dtypes)
+        if not error <= tol:
+            fail(f"the overlapped step differs from plain jit: relative error {error:.3g} > {tol:g}")
+        err.print(f"numerics: overlapped = plain jit within {error:.2g} (relative); timing {reps} steps each",
+                  highlight=False)
+        plain, ov = time_steps(bench.thunks(), reps=reps, warmup=warmup)
+        res = compare(plain, ov, reps)
+        if pairs:
+            res.pairs = pair_breakdown(bench.plan, session.runner, reps=pair_reps,
+                                       log=lambda m: err.print(m, highlight=False))
+    return res, rows, list(bench.plan.notes), error

@@ -1,0 +1,64 @@
+"""`bench-model --target lab:...`: the program is built in every process of the lab (the handler
+`autotuner.measure.model:handle`), which plans it, checks its numerics and times it; the parent
+times each decomposed pair alone on the same lab through the tuner's `LabRunner`."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+from autotuner.cli.common import err, fail
+from autotuner.cli.winners import make_client
+
+LOAD_TIMEOUT_S = 1800.0
+
+
+def bench_on_lab(tgt: Any, target: str, fkw: dict[str, Any], shape: dict[str, int] | None, explicit: bool,
+                 chosen: Any, sources: dict[str, Any], tmp: str, *, reps: int, warmup: int, pairs: bool,
+                 pair_reps: int) -> tuple[Any, list[dict[str, Any]], list[str], float]:
+    from autotuner.lab import Lab, LabSpec, LabWorkerError
+    from autotuner.lab.runner import LabRunner
+    from autotuner.measure.model import HANDLER
+    from autotuner.measure.steps import compare, pair_breakdown
+    from autotuner.problem import Problem
+    from autotuner.strategy import Strategy
+    from autotuner.testing import TOLERANCE
+
+    def say(m: str) -> None:
+        err.print(m, highlight=False)
+
+    spec = LabSpec.parse(tgt.text)
+    lab = Lab(spec, HANDLER, log=say)
+    try:
+        lab.start()
+        runner = LabRunner(lab, compile_timeout=LOAD_TIMEOUT_S, log=say)
+        dev = runner.device()
+        winners = make_client(**sources, n=spec.n, tmpdir=tmp, prefer=dev.key)
+        say(f"benchmarking {target} on {tgt.text} ({dev.label}); {winners.where}")
+        got = lab.call({"op": "step_load", "target": target, "kwargs": fkw, "mesh": shape, "explicit": explicit,
+                        "strategy": chosen if isinstance(chosen, str) else chosen.to_dict(),
+                        "snapshot": winners.snapshot,
+                        "device": winners.device.to_dict() if winners.device is not None else None},
+                       LOAD_TIMEOUT_S)
+        if "error" in got:
+            fail(f"the lab could not load {target}: {got['error']}")
+        rows, notes, error = got["plan"], got["notes"], float(got["rel_error"])
+        dtypes = {r["problem"]["dtype"] for r in rows if r["problem"]} or {"float32"}
+        tol = max(2 * TOLERANCE.get(d, 2e-5) for d in dtypes)
+        if not error <= tol:
+            fail(f"the overlapped step differs from plain jit: relative error {error:.3g} > {tol:g}")
+        say(f"numerics: overlapped = plain jit within {error:.2g} (relative); timing {reps} steps each")
+        t = lab.call({"op": "step_time", "reps": reps, "warmup": warmup}, LOAD_TIMEOUT_S)
+        if "error" in t:
+            fail(f"the lab could not time {target}: {t['error']}")
+        res = compare(t["plain"], t["overlapped"], reps)
+        if pairs:
+            plan = [SimpleNamespace(applied=r["applied"], name=r["name"], count=r["count"],
+                                    problem=Problem.from_dict(r["problem"]) if r["problem"] else None,
+                                    strategy=Strategy.from_dict(r["strategy_dict"])) for r in rows]
+            res.pairs = pair_breakdown(plan, lambda _p: runner, reps=pair_reps, log=say)
+    except LabWorkerError as e:
+        fail(f"the lab failed: {e}")
+    finally:
+        lab.close()
+    return res, rows, notes, error

@@ -1,0 +1,132 @@
+"""`autotuner plan MODULE:FACTORY`: what `overlap(fn)` will do to a program, pair by pair, before
+running it: one row per collective/einsum pair with its readable name, problem key, the strategy
+chosen, where the choice came from and the predicted saving. The table goes to stdout (one JSON
+object per pair with --json); where the winners come from goes to stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from typing import Annotated, Any
+
+import typer
+
+from autotuner.cli.common import app, err, fail, fmt
+from autotuner.cli.program import FACTORY_HELP, load_program
+from autotuner.cli.winners import SOURCE_HELP, make_client
+
+HELP = f"""Show what the compiler pass `autotuner.overlap` does to a program: one row per collective/einsum pair (readable name, problem key, strategy, source of the choice, predicted saving).
+
+{FACTORY_HELP} Example: autotuner plan autotuner.examples.transformer:train_step --db sqlite:///autotuner.db
+
+Under --strategy auto (the default) a pair runs a tuned winner only when its speedup interval lies above 1; nearest, model and default answers stay baseline. The program is compiled, not run, on in-process CPU devices (--devices, default the mesh size, else 8)."""
+
+
+def print_plan(plan: list[dict[str, Any]], notes: list[str], out: Any = None) -> None:
+    """The rows of `measure.model.plan_rows` as a table, then the notes."""
+    out = out or sys.stdout
+    head = ("pair", "problem", "collective", "strategy", "source", "saving", "x")
+    rows = [head] + [(r["name"], (r["key"] or "-")[:12], r["form"], r["strategy"], r["source"],
+                      fmt(100 * r["saving"] if r["saving"] is not None else None, ".0f")
+                      + ("%" if r["saving"] is not None else ""), str(r["count"])) for r in plan]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    for row in rows:
+        out.write("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() + "\n")
+    n = sum(r["applied"] for r in plan)
+    out.write(f"{n} of {len(plan)} pair(s) decomposed\n")
+    for r in plan:
+        if r["note"]:
+            out.write(f"  {r['name']}: {r['note']}\n")
+    for t in notes:
+        out.write(f"note: {t}\n")
+    out.flush()
+
+
+def strategy_arg(text: str) -> Any:
+    """auto | baseline | a strategy key (ring-uni-c2-u1-loop-send) | a JSON object."""
+    from autotuner.strategy import Strategy, StrategyError
+
+    if text in ("auto", "baseline"):
+        return text
+    try:
+        return Strategy.from_dict(json.loads(text) if text.lstrip().startswith("{") else _key_dict(text))
+    except (StrategyError, ValueError) as e:
+        fail(f"--strategy {text!r}: {e}")
+
+
+def _key_dict(key: str) -> dict[str, Any]:
+    """A strategy key (`Strategy.key`) as its dict."""
+    if key in ("xla_windowed", "xla_windowed-ms"):
+        return {"method": "xla_windowed", "multi_stream": key.endswith("-ms")}
+    parts = key.split("-")
+    if (len(parts) != 6 or parts[0] != "ring" or not parts[2].startswith("c") or not parts[3].startswith("u")
+            or parts[5] not in ("send", "comp")):
+        raise ValueError("expected auto, baseline, a key such as ring-uni-c2-u1-loop-send, or a JSON object")
+    unroll = parts[3][1:]
+    return {"method": "ring", "direction": parts[1], "chunks": int(parts[2][1:]),
+            "unroll": unroll if unroll == "full" else int(unroll), "fuse": parts[4],
+            "send_first": parts[5] == "send"}
+
+
+@app.command("plan", help=HELP)
+def plan_cmd(
+    target: Annotated[str, typer.Argument(metavar="MODULE:FACTORY", help="a factory of (fn, args)")],
+    mesh: Annotated[str | None, typer.Option("--mesh", help='mesh axes, e.g. \'{"model": 4}\'')] = None,
+    devices: Annotated[int | None, typer.Option("--devices", min=1, max=64,
+                                                help="in-process CPU devices (default: mesh size or 8)")] = None,
+    kwargs: Annotated[str | None, typer.Option("--kwargs", help="JSON object of keyword arguments "
+                                               "for the factory")] = None,
+    explicit: Annotated[bool, typer.Option("--explicit/--auto", help="axis types of the --mesh")] = True,
+    db: Annotated[str | None, typer.Option("--db", help=SOURCE_HELP)] = None,
+    service: Annotated[str | None, typer.Option("--service", help="service URL to read winners from")] = None,
+    snapshot: Annotated[str | None, typer.Option("--snapshot", help="snapshot file of winners")] = None,
+    device: Annotated[str | None, typer.Option("--device", help="whose winners: a device key (prefix) "
+                                               "or label, e.g. cpu:cpux4/lab-shared-2gbit")] = None,
+    strategy: Annotated[str, typer.Option("--strategy", help="auto, baseline, or one strategy "
+                                          "(key or JSON) for every pair")] = "auto",
+    json_out: Annotated[bool, typer.Option("--json", help="one JSON object per pair on stdout")] = False,
+) -> None:
+    chosen = strategy_arg(strategy)
+    prog = load_program(target, mesh=mesh, kwargs=kwargs, explicit=explicit, devices=devices)
+    import jax
+
+    from autotuner.measure.model import plan_rows
+    from autotuner.runtime.overlap import overlap
+
+    with tempfile.TemporaryDirectory(prefix="autotuner-plan-") as tmp:
+        winners = make_client(db=db, service=service, snapshot=snapshot, device=device,
+                              n=mesh_size(prog), tmpdir=tmp)
+        err.print(f"planning {target}; {winners.where}", highlight=False)
+        ov = overlap(prog.fn, strategy=chosen, client=winners.client)
+        if prog.mesh is not None:
+            with jax.set_mesh(prog.mesh):
+                plan = ov.plan(*prog.args, **prog.kwargs)
+        else:
+            plan = ov.plan(*prog.args, **prog.kwargs)
+    rows = plan_rows(plan)
+    if json_out:
+        for row in rows:
+            row.pop("strategy_dict")
+            row.pop("problem")
+            sys.stdout.write(json.dumps(row) + "\n")
+        sys.stdout.flush()
+    else:
+        print_plan(rows, plan.notes)
+    if not plan:
+        err.print("no collective/einsum pair in this program: overlap(fn) is plain jax.jit", highlight=False)
+
+
+def mesh_size(prog: Any) -> int:
+    """Devices of the mesh the program's arguments are laid out on (or --mesh), else all."""
+    import jax
+    from jax.sharding import NamedSharding
+
+    if prog.mesh is not None:
+        return int(prog.mesh.size)
+    for leaf in jax.tree.leaves((prog.args, prog.kwargs)):
+        sh = getattr(leaf, "sharding", None)
+        if isinstance(sh, NamedSharding):
+            return int(sh.mesh.size)
+    return jax.device_count()

@@ -1,0 +1,85 @@
+"""Loading a user's program for the commands that run a whole one (`plan`, `bench-model`):
+MODULE:FACTORY, the factory returning (fn, args) or (fn, args, kwargs), called with --kwargs and,
+when --mesh is given and it takes a `mesh` parameter, the mesh.
+
+Not a command group (it registers nothing); the same rules as `autotuner extract`'s factory form.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from autotuner.cli.common import fail
+
+FACTORY_HELP = ("The argument is MODULE:FACTORY (MODULE a dotted module name or a path to a .py file); "
+                "FACTORY returns (fn, args) or (fn, args, kwargs) and is called with --kwargs, plus "
+                "mesh=(the --mesh as a jax Mesh) when --mesh is given and it takes a `mesh` parameter.")
+
+
+def json_arg(text: str, what: str) -> Any:
+    if text.startswith("@"):
+        try:
+            text = Path(text[1:]).read_text()
+        except OSError as e:
+            fail(f"{what}: cannot read {text[1:]}: {e.strerror or e}")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        fail(f"{what}: invalid JSON: {e.msg} (column {e.colno})")
+
+
+def parse_mesh(text: str | None) -> dict[str, int] | None:
+    if text is None:
+        return None
+    m = json_arg(text, "--mesh")
+    if (not isinstance(m, dict) or not m
+            or not all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v > 0
+                       for k, v in m.items())):
+        fail('--mesh: expected an object of axis name -> size, e.g. {"model": 4}')
+    return m
+
+
+def setup_devices(n: int) -> None:
+    """n in-process CPU devices (before JAX initialises), or check JAX has at least n."""
+    from autotuner.measure.targets import TargetError, prepare_inproc
+
+    try:
+        if "jax" not in sys.modules:
+            prepare_inproc(n)
+            return
+        import jax
+
+        have = jax.device_count()
+    except Exception as e:  # noqa: BLE001
+        fail(str(e) if isinstance(e, TargetError) else f"JAX could not start: {e}")
+    if have < n:
+        fail(f"needs {n} devices but JAX is already initialised with {have}")
+
+
+def load_program(target: str, *, mesh: str | None, kwargs: str | None, explicit: bool,
+                 devices: int | None = None) -> Any:
+    """The factory's program (`measure.model.Program`), on `devices` in-process CPU devices
+    (default: the mesh's size, else 8) unless JAX already runs."""
+    from autotuner.measure.model import ModelError, load_factory
+
+    shape = parse_mesh(mesh)
+    fkw = parse_kwargs(kwargs)
+    n = devices or (math.prod(shape.values()) if shape else 8)
+    if shape and math.prod(shape.values()) > n:
+        fail(f"--mesh {shape} needs {math.prod(shape.values())} devices; --devices is {n}")
+    setup_devices(n)
+    try:
+        return load_factory(target, fkw, shape, explicit)
+    except ModelError as e:
+        fail(str(e))
+
+
+def parse_kwargs(kwargs: str | None) -> dict[str, Any]:
+    fkw = json_arg(kwargs, "--kwargs") if kwargs else {}
+    if not isinstance(fkw, dict):
+        fail("--kwargs: expected a JSON object")
+    return fkw

@@ -1,0 +1,193 @@
+"""A user's program for `bench-model`: loaded from MODULE:FACTORY, planned by `overlap`, run
+plain and overlapped, in this process or in each process of a lab (`handle`, the lab's handler:
+its own ops `step_load`/`step_time`, the tuner's per-problem ops for everything else, so the
+per-pair breakdown runs on the same lab).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from autotuner.errors import AutotunerError
+
+HANDLER = "autotuner.measure.model:handle"
+
+
+class ModelError(AutotunerError, ValueError):
+    """The program could not be loaded, or its factory failed."""
+
+
+@dataclass
+class Program:
+    fn: Any
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    mesh: Any            # the jax Mesh built from the mesh shape given, or None
+
+
+def import_target(target: str) -> Any:
+    """The callable MODULE:ATTR (MODULE dotted, or a path to a .py file)."""
+    if ":" not in target:
+        raise ModelError(f"{target!r}: expected MODULE:FACTORY, e.g. autotuner.examples.transformer:train_step")
+    mod_name, _, attr = target.rpartition(":")
+    try:
+        if mod_name.endswith(".py") or "/" in mod_name:
+            path = Path(mod_name)
+            if not path.is_file():
+                raise ModelError(f"{target!r}: no file {path}")
+            spec = importlib.util.spec_from_file_location(path.stem, path)
+            assert spec is not None and spec.loader is not None
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[path.stem] = module
+            spec.loader.exec_module(module)
+        else:
+            if "" not in sys.path:
+                sys.path.insert(0, "")
+            module = importlib.import_module(mod_name)
+    except ImportError as e:
+        raise ModelError(f"{target!r}: cannot import {mod_name}: {e}") from None
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ModelError(f"{target!r}: {mod_name} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ModelError(f"{target!r}: {attr} is not callable")
+    return obj
+
+
+def make_mesh(shape: dict[str, int], explicit: bool) -> Any:
+    import jax
+    from jax.sharding import AxisType
+
+    n = math.prod(shape.values())
+    kind = AxisType.Explicit if explicit else AxisType.Auto
+    return jax.make_mesh(tuple(shape.values()), tuple(shape), axis_types=(kind,) * len(shape),
+                         devices=jax.devices()[:n])
+
+
+def load_factory(target: str, kwargs: dict[str, Any], mesh_shape: dict[str, int] | None,
+                 explicit: bool) -> Program:
+    """Call the factory (with mesh= when a mesh shape is given and it takes `mesh`)."""
+    factory = import_target(target)
+    mesh = make_mesh(mesh_shape, explicit) if mesh_shape else None
+    kw = dict(kwargs)
+    if mesh is not None:
+        try:
+            takes_mesh = "mesh" in inspect.signature(factory).parameters
+        except (TypeError, ValueError):
+            takes_mesh = False
+        if takes_mesh:
+            kw["mesh"] = mesh
+    try:
+        got = factory(**kw)
+    except Exception as e:  # noqa: BLE001 - the user's factory failed
+        raise ModelError(f"{target}: the factory raised {type(e).__name__}: {e}") from None
+    if not isinstance(got, tuple) or len(got) not in (2, 3) or not callable(got[0]):
+        raise ModelError(f"{target}: the factory must return (fn, args) or (fn, args, kwargs)")
+    args = got[1]
+    return Program(got[0], tuple(args) if isinstance(args, (list, tuple)) else (args,),
+                   dict(got[2]) if len(got) == 3 else {}, mesh)
+
+
+def plan_rows(plan: Any) -> list[dict[str, Any]]:
+    """A plan as JSON-able rows (the problem and strategy as dicts)."""
+    return [{"name": r.name, "key": r.key, "form": r.form, "strategy": r.strategy.key,
+             "strategy_dict": r.strategy.to_dict(), "problem": r.problem.to_dict() if r.problem else None,
+             "applied": r.applied, "source": r.source, "speedup": r.speedup, "saving": r.saving,
+             "count": r.count, "where": r.where, "note": r.note} for r in plan]
+
+
+class Bench:
+    """Plain and overlapped programs of one factory, ready to time (see `measure.steps`)."""
+
+    def __init__(self, prog: Program, strategy: Any, client: Any) -> None:
+        import jax
+
+        from autotuner.runtime.overlap import overlap
+
+        self.prog = prog
+        fn = prog.fn if hasattr(prog.fn, "lower") else jax.jit(prog.fn)
+        self.plain = fn
+        self.overlapped = overlap(prog.fn, strategy=strategy, client=client)
+        self.plan = self.overlapped.plan(*prog.args, **prog.kwargs)
+
+    def thunks(self) -> list[Any]:
+        a, k = self.prog.args, self.prog.kwargs
+        return [lambda: self.plain(*a, **k), lambda: self.overlapped(*a, **k)]
+
+    def error(self) -> float:
+        """The worst relative error (max |diff| / max |plain|, per output) of the overlapped
+        results against plain jit's; computed on the devices, so it works across processes."""
+        import jax
+        import jax.numpy as jnp
+        import numpy as np
+
+        plain, ov = (t() for t in self.thunks())
+        a_leaves, b_leaves = jax.tree.leaves(ov), jax.tree.leaves(plain)
+        if len(a_leaves) != len(b_leaves):
+            return float("inf")
+
+        @jax.jit
+        def rel(a: Any, b: Any) -> Any:
+            a, b = jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32)
+            return jnp.max(jnp.abs(a - b)) / jnp.maximum(jnp.max(jnp.abs(b)), 1e-30)
+
+        worst = 0.0
+        for a, b in zip(a_leaves, b_leaves, strict=True):
+            if getattr(a, "shape", None) != getattr(b, "shape", None):
+                return float("inf")
+            if getattr(b, "size", 1) == 0:
+                continue
+            r = rel(a, b)
+            worst = max(worst, float(np.asarray(r.addressable_data(0) if hasattr(r, "addressable_data") else r)))
+        return worst
+
+
+# -- the lab's handler ---------------------------------------------------------------------------
+
+def handle(request: dict[str, Any], ctx: Any) -> dict[str, Any]:
+    """`step_load` (every process builds the program, plans it and checks its numerics; process
+    0 answers the plan), `step_time` (interleaved timing); other ops: the tuner's handler."""
+    op = request.get("op")
+    if op == "step_load":
+        return _step_load(request, ctx)
+    if op == "step_time":
+        from autotuner.lab.runner import _CtxSync
+        from autotuner.measure.steps import time_steps
+
+        bench: Bench = ctx.state["bench"]
+        plain, ov = time_steps(bench.thunks(), reps=int(request["reps"]), warmup=int(request.get("warmup", 2)),
+                               sync=_CtxSync(ctx))
+        return {"plain": plain, "overlapped": ov}
+    from autotuner.lab.runner import handle as tuner_handle
+
+    return tuner_handle(request, ctx)
+
+
+def _step_load(request: dict[str, Any], ctx: Any) -> dict[str, Any]:
+    from autotuner.device import Device
+    from autotuner.runtime.client import Client
+    from autotuner.strategy import Strategy
+
+    prog = load_factory(request["target"], request.get("kwargs") or {}, request.get("mesh"),
+                        bool(request.get("explicit", True)))
+    strategy = request.get("strategy", "auto")
+    if isinstance(strategy, dict):
+        strategy = Strategy.from_dict(strategy)
+    client = None
+    if request.get("snapshot") and request.get("device"):
+        client = Client(offline=request["snapshot"], device=Device.from_dict(request["device"]))
+    bench = Bench(prog, strategy, client)
+    ctx.state["bench"] = bench
+    err = bench.error()
+    errs = ctx.gather_json(err)
+    return {"plan": plan_rows(bench.plan), "notes": list(bench.plan.notes),
+            "rel_error": max(errs) if errs else err}

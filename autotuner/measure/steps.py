@@ -1,0 +1,189 @@
+"""Timing whole program steps: plain `jax.jit` against `overlap(fn)`, interleaved in one run.
+
+`time_steps` runs the programs in turn, rotating which goes first every repetition (as the
+tuner's sessions do), each call waited for (`block_until_ready`) and, on a multi-process mesh,
+taken as the slowest process's time (`Sync`). `StepStats.of` summarises one program's samples:
+median and a 95% bootstrap interval of the median; `compare` gives the speedup (plain median /
+overlapped median) with the paired bootstrap interval of `stats.ratio_ci`. `pair_breakdown`
+times each decomposed pair alone (its baseline, its strategy, the collective alone) with the
+tuner's own harness, so a step's figure can be read against where its time goes.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from autotuner.measure.session import NoSync, Sync, run_session
+from autotuner.measure.stats import ratio_ci
+
+__all__ = ["PairTiming", "StepBench", "StepStats", "compare", "median_ci", "pair_breakdown", "time_steps"]
+
+
+def median_ci(samples: Sequence[float], *, level: float = 0.95, boot: int = 2000,
+              seed: int = 0) -> tuple[float, float, float]:
+    """(median, lo, hi): the median and its bootstrap interval (nan bounds under 3 samples)."""
+    a = np.asarray(samples, np.float64)
+    if a.size == 0:
+        return math.nan, math.nan, math.nan
+    med = float(np.median(a))
+    if a.size < 3:
+        return med, math.nan, math.nan
+    rng = np.random.default_rng(seed)
+    meds = np.median(a[rng.integers(0, a.size, size=(boot, a.size))], axis=1)
+    lo, hi = np.percentile(meds, [100 * (1 - level) / 2, 100 * (1 + level) / 2])
+    return med, float(lo), float(hi)
+
+
+@dataclass(frozen=True)
+class StepStats:
+    median_s: float
+    lo_s: float
+    hi_s: float
+    n: int
+
+    @classmethod
+    def of(cls, samples: Sequence[float]) -> StepStats:
+        med, lo, hi = median_ci(samples)
+        return cls(med, lo, hi, len(samples))
+
+
+def time_steps(programs: Sequence[Callable[[], Any]], *, reps: int, warmup: int = 2,
+               sync: Sync | None = None) -> list[list[float]]:
+    """Seconds per call of each program (a thunk), `reps` each, interleaved; `warmup` untimed
+    calls of each first (compiles and caches)."""
+    import jax
+
+    sync = sync or NoSync()
+    for prog in programs:
+        for _ in range(warmup):
+            jax.block_until_ready(prog())
+    samples: list[list[float]] = [[] for _ in programs]
+    order = list(range(len(programs)))
+    for r in range(reps):
+        for i in order[r % len(order):] + order[: r % len(order)]:
+            sync.barrier()
+            t0 = time.perf_counter()
+            jax.block_until_ready(programs[i]())
+            samples[i].append(sync.max_over_processes(time.perf_counter() - t0))
+    return samples
+
+
+@dataclass
+class PairTiming:
+    """One decomposed (problem, strategy) of the step, timed alone; `count`: its runs per step."""
+
+    names: list[str]
+    key: str
+    strategy: str
+    count: int
+    baseline_s: float | None = None      # the pair as plain jit (collective + einsum)
+    strategy_s: float | None = None      # the decomposition
+    comm_s: float | None = None          # the collective alone
+    comp_s: float | None = None          # the einsum alone
+    ratio: float | None = None
+    ratio_lo: float | None = None
+    ratio_hi: float | None = None
+    failed: str | None = None
+
+    @property
+    def saved_s(self) -> float | None:
+        """Predicted seconds saved per step: count x (baseline - decomposition)."""
+        if self.baseline_s is None or self.strategy_s is None:
+            return None
+        return self.count * (self.baseline_s - self.strategy_s)
+
+
+@dataclass
+class StepBench:
+    plain: StepStats
+    overlapped: StepStats
+    speedup: float
+    speedup_lo: float | None
+    speedup_hi: float | None
+    reps: int
+    pairs: list[PairTiming] = field(default_factory=list)
+    plain_samples: list[float] = field(default_factory=list)
+    overlapped_samples: list[float] = field(default_factory=list)
+
+    @property
+    def slower(self) -> bool:
+        """Overlapped slower than plain beyond the interval (its upper bound below 1)."""
+        return self.speedup_hi is not None and self.speedup_hi < 1.0
+
+    @property
+    def comm_s(self) -> float | None:
+        """Every timed pair's collective alone, per step (count x time): decomposed or not."""
+        got = [p.count * p.comm_s for p in self.pairs if p.comm_s is not None]
+        return sum(got) if got else None
+
+    @property
+    def decomposed_comm_s(self) -> float | None:
+        """The decomposed pairs' collectives alone, per step."""
+        got = [p.count * p.comm_s for p in self.pairs if p.comm_s is not None and p.strategy != "baseline"]
+        return sum(got) if got else None
+
+    @property
+    def predicted_saved_s(self) -> float | None:
+        got = [p.saved_s for p in self.pairs if p.saved_s is not None]
+        return sum(got) if got else None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.update(slower=self.slower, comm_s=self.comm_s, decomposed_comm_s=self.decomposed_comm_s,
+                 predicted_saved_s=self.predicted_saved_s,
+                 pairs=[{**asdict(p), "saved_s": p.saved_s} for p in self.pairs])
+        return d
+
+
+def compare(plain: Sequence[float], overlapped: Sequence[float], reps: int) -> StepBench:
+    sp, lo, hi = ratio_ci(plain, overlapped)
+    return StepBench(StepStats.of(plain), StepStats.of(overlapped), sp,
+                     None if math.isnan(lo) else lo, None if math.isnan(hi) else hi, reps,
+                     plain_samples=list(plain), overlapped_samples=list(overlapped))
+
+
+def pair_breakdown(plan: Any, runner_for: Callable[[Any], Any], *, reps: int,
+                   log: Callable[[str], None] | None = None) -> list[PairTiming]:
+    """Each distinct (problem, strategy) of the plan's pairs, timed alone in one interleaved
+    session of the tuner's harness (`runner_for(problem)` gives its Runner): the decomposed ones
+    against their baseline, the others (strategy `baseline`) for their collective's share."""
+    groups: dict[tuple[str, str], tuple[Any, Any, PairTiming]] = {}
+    for r in plan:
+        if r.problem is None:
+            continue
+        k = (r.problem.key, r.strategy.key)
+        if k not in groups:
+            groups[k] = (r.problem, r.strategy, PairTiming([], r.problem.key, r.strategy.key, 0))
+        t = groups[k][2]
+        t.names.append(r.name)
+        t.count += r.count
+    out = []
+    for problem, strategy, t in groups.values():
+        if log:
+            log(f"timing {strategy.key} on {problem.describe()} alone")
+        try:
+            res = run_session(runner_for(problem), problem, [] if strategy.is_baseline else [strategy],
+                              reps=reps, parts=True)
+        except Exception as e:  # noqa: BLE001 - a breakdown row that failed says why
+            t.failed = f"{type(e).__name__}: {e}"[:500]
+            out.append(t)
+            continue
+        base, cands = res.baseline, res.candidates
+        t.baseline_s, t.comm_s, t.comp_s = base.median_s, res.comm_s, res.comp_s
+        if base.status != "ok":
+            t.failed = base.reason
+        elif strategy.is_baseline:
+            pass
+        elif cands and cands[0].status == "ok":
+            c = cands[0]
+            t.strategy_s, t.ratio, t.ratio_lo, t.ratio_hi = c.median_s, c.ratio, c.ratio_lo, c.ratio_hi
+        else:
+            t.failed = cands[0].reason if cands else "not timed"
+        out.append(t)
+    return out

@@ -1,0 +1,290 @@
+"""`overlap(fn)`: the compiler pass that applies the tuned decompositions to an unmodified program.
+
+>>> step = overlap(train_step)                     # doctest: +SKIP
+>>> print(step.plan(params, batch))                # what will change, pair by pair
+>>> params, loss = step(params, batch)             # like jax.jit(train_step)(params, batch)
+
+How it works, per input signature (tree, shapes, dtypes, shardings, static values), once:
+
+1. *Tag.* `fn` is traced to a jaxpr (for a training step written with `value_and_grad` the
+   backward einsums are ordinary `dot_general` equations there) and evaluated by the interpreter
+   of `overlap_interp` under `jax.jit(..., **jit_kwargs)`, which binds every dot under a
+   name-stack scope `__overlapT__`, T the equation's path through the jaxpr and its sub-jaxprs.
+2. *Find.* That program is compiled once with the example arguments; `hlo.mapping.map_pairs` reads
+   the HLO around XLA's SPMD partitioner and maps each all-gather -> dot and dot -> reduce-scatter
+   pair to a Problem. The tag in the dot's op_name names the equation exactly; its operand and
+   result types are checked against the Problem (shapes, dimension numbers, dtypes).
+3. *Choose.* Per pair, a Strategy: `strategy="auto"` asks the client through
+   `collective_einsum`'s decision table (`DECISIONS`, one per process; in a multi-process job
+   process 0 decides and publishes it in the `jax.distributed` key-value store, so every process
+   applies the same plan), and applies it only when it is `tuned` with a confidence interval above 1.0 (never slower
+   by default: nearest, model or default answers stay baseline). `"baseline"` applies nothing; a
+   Strategy applies it wherever `space(problem)` offers it; a callable `Problem -> Strategy` (or
+   its dict) chooses per pair. A pair whose decomposition would leave its collective in the
+   program stays baseline under `auto` (forced choices are applied, with a note): an all-gather
+   whose value is also used elsewhere (e.g. the forward input a weight gradient reuses: a shared
+   gather; a ring per dot would move the data once per dot, which no measurement covered), or,
+   with Explicit layouts, an operand relaid out away from the dot (e.g. outside the loop body).
+4. *Apply.* The interpreter replaces each chosen dot by `build(problem, strategy, mesh)(lhs,
+   rhs)`, taking the operand from before its relayout and handing the result to the relayout
+   after it (see `overlap_interp`); baseline pairs keep their equation (the baseline is exactly
+   plain jit). The rewritten program is compiled and analysed again: that checks every chosen dot
+   was replaced, and with Auto layouts (GSPMD may lay the rewritten program out differently)
+   finds pairs that appear only now, which are chosen for in turn (at most `MAX_ROUNDS` analyses).
+   The last analysis's executable is what calls run (no compile on the first call), unless
+   `jit_kwargs` has static arguments (then `jax.jit` of the rewritten program, compiled on call).
+
+Limits (each pair concerned stays plain jit and `plan()` says why; nothing raises):
+- only pairs `extract` maps to a Problem (f32/bf16/f16 dots whose layout classifies as the
+  collective the HLO shows; not inside shard_map);
+- a dot whose result type differs from its operands' (`preferred_element_type=f32` on bf16);
+- a dot inside a higher-order primitive the interpreter cannot rebuild (the rebuilt jaxpr must
+  keep its input/output types; open-jaxpr bodies must not capture constants);
+- `xla_windowed` (a whole-program compile option, not a per-pair rewrite);
+- meshes mixing Explicit and Auto axes; programs whose arguments carry no NamedSharding; calls on
+  traced values (inside another jit, grad or vmap), where the argument layouts are unknown: the
+  pass is meant for the outermost function (the training step), and these run as plain jit.
+- an all-gather -> dot pair whose dot also contracts a dimension sharded over another axis (the
+  weight gradients on a data x model mesh need an all-reduce over `data` too): not a Problem.
+Cost: one compile of the plain program and one of the rewritten one per input signature (more
+rounds with Auto layouts when new pairs appear); nothing runs until the first call.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from autotuner.errors import AutotunerError
+from autotuner.problem import Problem
+from autotuner.runtime.overlap_plan import Plan, PlanRow
+from autotuner.strategy import Strategy, StrategyError
+
+__all__ = ["Overlapped", "OverlapError", "Plan", "PlanRow", "overlap"]
+
+log = logging.getLogger("autotuner.runtime.overlap")
+MAX_ROUNDS = 3   # analyses of an Auto-layout program (each compiles it once)
+
+
+class OverlapError(AutotunerError, ValueError):
+    """Bad arguments to `overlap` (the program itself never makes it raise: pairs fall back)."""
+
+
+# -- arguments ------------------------------------------------------------------------------------
+
+def _chooser(strategy: Any) -> tuple[str, Any]:
+    if isinstance(strategy, str):
+        if strategy in ("auto", "baseline"):
+            return strategy, None
+        raise OverlapError(f"overlap: strategy must be 'auto', 'baseline', a Strategy, its dict or a "
+                           f"callable Problem -> Strategy, got {strategy!r}")
+    if isinstance(strategy, Strategy):
+        return "one", strategy
+    if isinstance(strategy, dict):
+        try:
+            return "one", Strategy.from_dict(strategy)
+        except StrategyError as e:
+            raise OverlapError(f"overlap: {e}") from None
+    if callable(strategy):
+        return "callable", strategy
+    raise OverlapError(f"overlap: strategy must be 'auto', 'baseline', a Strategy, its dict or a "
+                       f"callable, got {type(strategy).__name__}")
+
+
+def _leaf_key(x: Any) -> Any:
+    shape, dtype = getattr(x, "shape", None), getattr(x, "dtype", None)
+    if shape is not None and dtype is not None:
+        return ("array", tuple(shape), str(dtype), getattr(x, "sharding", None),
+                bool(getattr(x, "weak_type", False)))
+    try:
+        hash(x)
+        return ("value", type(x), x)
+    except TypeError:
+        return ("object", id(x))
+
+
+def _mesh_of(args: Any, jit_kwargs: dict[str, Any]) -> Any:
+    """The jax Mesh of the arguments' (or in_shardings') NamedShardings; None if none."""
+    import jax
+    from jax.sharding import NamedSharding
+
+    found = None
+    for leaf in jax.tree.leaves((args, jit_kwargs.get("in_shardings"), jit_kwargs.get("out_shardings")),
+                                is_leaf=lambda x: isinstance(x, NamedSharding)):
+        sh = leaf if isinstance(leaf, NamedSharding) else getattr(leaf, "sharding", None)
+        if isinstance(sh, NamedSharding):
+            if found is not None and sh.mesh != found:
+                raise OverlapError(f"overlap: the arguments use two meshes ({dict(found.shape)} and "
+                                   f"{dict(sh.mesh.shape)}); put them on one")
+            found = sh.mesh
+    return found
+
+
+# -- the pass -------------------------------------------------------------------------------------
+
+@dataclass
+class _Prepared:
+    call: Any           # the compiled program where the analysis compiled it, else `jitted`
+    plan: Plan
+    jitted: Any = None  # the jax.jit of the program (lower/trace)
+
+    def __post_init__(self) -> None:
+        if self.jitted is None:
+            self.jitted = self.call
+
+
+class Overlapped:
+    """What `overlap(fn, ...)` returns: call it like `jax.jit(fn, **jit_kwargs)`."""
+
+    def __init__(self, fn: Callable[..., Any], strategy: Any = "auto", client: Any = None,
+                 **jit_kwargs: Any) -> None:
+        if not callable(fn):
+            raise OverlapError(f"overlap: fn must be callable, got {type(fn).__name__}")
+        self.fn = fn
+        self.mode, self.chosen = _chooser(strategy)
+        self.client = client
+        self.jit_kwargs = jit_kwargs
+        self._cache: dict[Any, _Prepared] = {}
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"overlap({getattr(self.fn, '__name__', self.fn)!r}, strategy={self.mode})"
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        import jax
+
+        if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((args, kwargs))):
+            # Inside another transformation the argument layouts are not known: plain jit.
+            log.debug("overlap: %r called on traced values: plain jit", self)
+            return jax.jit(self.fn, **self.jit_kwargs)(*args, **kwargs)
+        return self._prepare(args, kwargs).call(*args, **kwargs)
+
+    def plan(self, *args: Any, **kwargs: Any) -> Plan:
+        """One row per decomposable pair of the program at these arguments (see `PlanRow`)."""
+        got = self._prepare(args, kwargs).plan
+        return Plan(got, got.notes)
+
+    def lower(self, *args: Any, **kwargs: Any) -> Any:
+        """The overlapped program lowered for these arguments (as `jax.jit(...).lower`)."""
+        return self._prepare(args, kwargs).jitted.lower(*args, **kwargs)
+
+    # -- per signature ---------------------------------------------------------------------------
+    def _prepare(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Prepared:
+        import jax
+
+        leaves, tree = jax.tree.flatten((args, kwargs))
+        sig = (tree, tuple(_leaf_key(x) for x in leaves))
+        hit = self._cache.get(sig)
+        if hit is not None:
+            return hit
+        with self._lock:
+            hit = self._cache.get(sig)
+            if hit is None:
+                hit = self._cache[sig] = self._build(args, kwargs)
+            return hit
+
+    def _jit(self, interp: Any) -> Any:
+        import functools
+
+        import jax
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            return interp.run(self.fn, args, kwargs)
+
+        functools.update_wrapper(run, self.fn, updated=())
+        return jax.jit(run, **self.jit_kwargs)
+
+    def _build(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Prepared:
+        import jax
+        from jax.sharding import AxisType
+
+        from autotuner.runtime.overlap_interp import Interpreter
+        from autotuner.runtime.overlap_plan import choose, find_sites
+
+        mesh = _mesh_of((args, kwargs), self.jit_kwargs)
+        plain = jax.jit(self.fn, **self.jit_kwargs)
+        if mesh is None:
+            return _Prepared(plain, Plan(notes=["no argument has a NamedSharding: plain jit"]))
+        if len(set(mesh.axis_types)) > 1:
+            return _Prepared(plain, Plan(notes=["the mesh mixes Explicit and Auto axes, which the pass "
+                                                "does not handle: plain jit"]))
+        # Round 1 compiles the program with every dot tagged and finds its pairs; each later round
+        # compiles the rewritten program, which checks that the rewrite took and, with Auto layouts
+        # (which GSPMD may choose differently around the rewritten dots), finds any new pairs.
+        # Explicit layouts are part of the types, which the rewrite keeps: no new pair can appear.
+        rounds = 2 if AxisType.Explicit in set(mesh.axis_types) else MAX_ROUNDS
+        actions: dict[str, tuple[Problem, Strategy]] = {}
+        rows: list[PlanRow] = []
+        tags: list[str | None] = []
+        notes: list[str] = []
+        seen: set[str] = set()
+        for n in range(rounds):
+            interp = Interpreter(mesh, dict(actions))
+            jitted = self._jit(interp)
+            sites, new_rows, new_notes, compiled = find_sites(jitted, interp, args, kwargs, mesh, seen)
+            notes += [t for t in new_notes if t not in notes]
+            if compiled is None:  # could not be analysed (a note says why)
+                if not actions:
+                    return _Prepared(plain, Plan(_numbered(rows), notes))
+                note = "the rewritten program could not be compiled; plain jit"
+                return _Prepared(plain, Plan(_numbered([_unapply(r, note) if r.applied else r
+                                                        for r in rows]), notes))
+            new_actions, new_rows = choose(self.mode, self.chosen, self.client, sites, new_rows)
+            if n:
+                new_rows = [replace(r, note=(r.note + "; " if r.note else "") + f"found in round {n + 1}")
+                            for r in new_rows]
+            rows += new_rows
+            tags += [s.tag if s else None for s in sites]
+            if not new_actions:
+                break
+            actions.update(new_actions)
+        if interp.actions != actions:   # the last round found more: this program is not compiled yet
+            interp = Interpreter(mesh, dict(actions))
+            jitted, compiled = self._jit(interp), None
+            try:
+                jitted.trace(*args, **kwargs)   # the rewrite happens at trace time
+            except Exception as e:  # noqa: BLE001 - never worse than plain jit
+                log.warning("overlap: the rewritten program did not trace (%s: %s); using plain jit",
+                            type(e).__name__, e)
+                note = f"the rewritten program did not trace ({type(e).__name__}); plain jit"
+                return _Prepared(plain, Plan(_numbered([_unapply(r, note) if r.applied else r
+                                                        for r in rows]), notes))
+        out = []
+        for tag, r in zip(tags, rows, strict=True):
+            if r.applied and tag not in interp.applied:
+                why = interp.failed.get(tag or "") or next(
+                    (w for t, w in interp.failed.items() if tag and tag.startswith(t + "_")),
+                    "not applied (unknown reason)")
+                r = _unapply(r, why)
+            out.append(r)
+        static = self.jit_kwargs.get("static_argnums") is not None or self.jit_kwargs.get("static_argnames")
+        run = compiled if compiled is not None and not static else jitted
+        return _Prepared(run, Plan(_numbered(out), notes), jitted)
+
+
+def _unapply(r: PlanRow, why: str) -> PlanRow:
+    return replace(r, strategy=Strategy.baseline(), note=why)
+
+
+def _numbered(rows: list[PlanRow]) -> list[PlanRow]:
+    """Rows whose names repeat (layers of a Python loop) get #2, #3, ... in program order."""
+    seen: dict[str, int] = {}
+    out = []
+    for r in rows:
+        seen[r.name] = seen.get(r.name, 0) + 1
+        out.append(r if seen[r.name] == 1 else replace(r, name=f"{r.name} #{seen[r.name]}"))
+    return out
+
+
+def overlap(fn: Callable[..., Any] | None = None, *, strategy: Any = "auto", client: Any = None,
+            **jit_kwargs: Any) -> Any:
+    """`jax.jit(fn, **jit_kwargs)` with its decomposable collective/einsum pairs, forward and
+    backward, run as the chosen decomposition (see the module docs). Usable as a decorator,
+    with or without arguments."""
+    if fn is None:
+        return lambda f: Overlapped(f, strategy, client, **jit_kwargs)
+    return Overlapped(fn, strategy, client, **jit_kwargs)
+

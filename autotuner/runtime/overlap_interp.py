@@ -1,0 +1,316 @@
+"""The jaxpr interpreter behind `autotuner.overlap`: tag every dot, replace the chosen ones.
+
+`Interpreter(mesh, actions)` evaluates a jaxpr as `jax.core.eval_jaxpr` does (same name stacks,
+source tracebacks and equation contexts) while tracing, with two differences:
+
+- the `dot_general` equations named in `actions` ({tag: (Problem, Strategy)}) are replaced by
+  `build(problem, strategy, mesh)` applied to their operands. Value-preserving layout equations
+  (`reshard`, `sharding_constraint`) in front of an operand are looked through, so that a
+  decomposed all-gather takes the operand *before* its gather (the old gather becomes dead code);
+  behind the result, a relayout to the problem's output layout (the `reshard` after a dot whose
+  all-reduce + slice is the reduce-scatter) takes the decomposition's result directly;
+- every other `dot_general` is bound under one extra name-stack scope `__overlapT__`, T the
+  equation's *path* (its index in the jaxpr, and the index of each sub-jaxpr and equation on the
+  way down: `3_1_0_7`). The scope lands in the HLO op_name of the dot, so a pair that extraction
+  finds in the partitioned HLO names its equation exactly, even when several equations share
+  source line and name stack (layers of a Python loop, forward and recomputed forward).
+
+Sub-jaxprs (jit, scan, while, cond, checkpoint/remat, custom_jvp/custom_vjp calls) that contain
+a dot are rebuilt by tracing this interpreter over them with their own input types, and the
+equation is bound again with the rebuilt jaxpr; `shard_map` bodies are left alone (already manual).
+An equation that cannot be rebuilt is bound unchanged: its dots stay plain and `failed` says why.
+
+Uses JAX internals (`jax._src.source_info_util`, `partial_eval.trace_to_jaxpr_dynamic`); checked
+with jax 0.10.2.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import operator
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+from jax._src import source_info_util as siu
+from jax.extend import core as jcore
+from jax.extend import linear_util as lu
+from jax.interpreters import partial_eval as pe
+from jax.sharding import AxisType, NamedSharding
+
+from autotuner.problem import Entry, Problem
+from autotuner.strategy import Strategy
+
+log = logging.getLogger("autotuner.runtime.overlap")
+
+LAYOUT_PRIMS = frozenset({"reshard", "sharding_constraint"})  # identity on values
+SKIP_PRIMS = frozenset({"shard_map"})                         # manually partitioned: not ours
+TAG_PREFIX = "__overlap"
+Spec = tuple[Entry, ...]
+
+
+def tag_of(path: Sequence[int]) -> str:
+    return "_".join(str(i) for i in path)
+
+
+def spec_of(aval: Any) -> Spec | None:
+    """The explicit layout of an aval as Problem-style entries; None where it carries none."""
+    sh = getattr(aval, "sharding", None)
+    mesh = getattr(sh, "mesh", None)
+    if sh is None or mesh is None or getattr(mesh, "empty", True):
+        return None
+    if not all(t == AxisType.Explicit for t in mesh.axis_types):
+        return None
+    rank = len(aval.shape)
+    entries = list(sh.spec) + [None] * (rank - len(sh.spec))
+    out: list[Entry] = []
+    for e in entries[:rank]:
+        out.append(() if e is None else (e,) if isinstance(e, str) else tuple(e))
+    return tuple(out)
+
+
+@dataclass
+class DotInfo:
+    """What tag mode records of one dot_general equation."""
+
+    tag: str
+    lhs_shape: tuple[int, ...]
+    rhs_shape: tuple[int, ...]
+    out_shape: tuple[int, ...]
+    dtypes: tuple[str, str, str]                       # lhs, rhs, out
+    dims: tuple[tuple[tuple[int, ...], tuple[int, ...]], tuple[tuple[int, ...], tuple[int, ...]]]
+    name: str                                          # the equation's name stack
+    where: str                                         # user source file:line (function)
+    lhs_chain: list[Spec | None] = field(default_factory=list)   # layouts along the look-through
+    rhs_chain: list[Spec | None] = field(default_factory=list)
+    out_spec: Spec | None = None
+    out_relayouts: list[Spec | None] = field(default_factory=list)  # layouts of elidable consumers
+    out_used_as_is: bool = False       # the result is also used as laid out (not only relaid out)
+
+
+@dataclass
+class Interpreter:
+    """Evaluate jaxprs while tracing; see the module docs. Dots not in `actions` are tagged."""
+
+    mesh: Any = None
+    actions: dict[str, tuple[Problem, Strategy]] = field(default_factory=dict)
+    infos: dict[str, DotInfo] = field(default_factory=dict)
+    applied: set[str] = field(default_factory=set)
+    failed: dict[str, str] = field(default_factory=dict)   # tag or eqn path -> why not applied
+    _has_dot: dict[int, bool] = field(default_factory=dict)
+    _scope: list[Any] = field(default_factory=list)   # name stacks of the enclosing equations
+
+    # -- the program -------------------------------------------------------------------------
+    def run(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """`fn(*args, **kwargs)` traced to a jaxpr (non-tracer leaves stay static) and evaluated."""
+        leaves, tree = jax.tree.flatten((args, kwargs))
+        dyn = [i for i, leaf in enumerate(leaves) if isinstance(leaf, jax.core.Tracer)]
+
+        def flat(*vals: Any) -> Any:
+            ls = list(leaves)
+            for i, v in zip(dyn, vals, strict=True):
+                ls[i] = v
+            a, k = jax.tree.unflatten(tree, ls)
+            return fn(*a, **k)
+
+        dvals = [leaves[i] for i in dyn]
+        closed, shape = jax.make_jaxpr(flat, return_shape=True)(*dvals)
+        outs = self.eval(closed.jaxpr, closed.consts, dvals, ())
+        return jax.tree.unflatten(jax.tree.structure(shape), outs)
+
+    def eval(self, jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], path: tuple[int, ...]) -> list[Any]:
+        env: dict[Any, Any] = {}
+
+        def read(v: Any) -> Any:
+            return v.val if isinstance(v, jcore.Literal) else env[v]
+
+        for v, c in zip(jaxpr.constvars, consts, strict=True):
+            env[v] = c
+        for v, a in zip(jaxpr.invars, args, strict=True):
+            env[v] = a
+        producer = {o: e for e in jaxpr.eqns for o in e.outvars}
+        consumers: dict[Any, list[Any]] = {}
+        for e in jaxpr.eqns:
+            for v in e.invars:
+                if not isinstance(v, jcore.Literal):
+                    consumers.setdefault(v, []).append(e)
+        for v in jaxpr.outvars:
+            if not isinstance(v, jcore.Literal):
+                consumers.setdefault(v, []).append(None)  # the jaxpr's own result
+        skip: set[int] = set()
+        for i, eqn in enumerate(jaxpr.eqns):
+            if id(eqn) in skip:
+                continue
+            p = path + (i,)
+            name_stack = siu.current_name_stack() + eqn.source_info.name_stack
+            params = eqn.params
+            if eqn.primitive.name == "dot_general":
+                tag = tag_of(p)
+                self.infos[tag] = self._info(tag, eqn, producer, consumers)
+                if tag in self.actions:
+                    with siu.user_context(eqn.source_info.traceback, name_stack=name_stack), eqn.ctx.manager:
+                        done = self._replace(tag, eqn, env, producer, consumers, skip, name_stack)
+                    if done:
+                        continue
+                name_stack = name_stack.extend(f"{TAG_PREFIX}{tag}__")
+            elif eqn.primitive.name not in SKIP_PRIMS and self._params_have_dot(params):
+                try:
+                    params = self._rebuild(eqn, p)
+                except Exception as e:  # noqa: BLE001 - bind it unchanged; its dots stay plain
+                    self._fail(p, eqn, e)
+                    params = eqn.params
+            with siu.user_context(eqn.source_info.traceback, name_stack=name_stack), eqn.ctx.manager:
+                try:
+                    ans = eqn.primitive.bind(*map(read, eqn.invars), **eqn.primitive.get_bind_params(params))
+                except Exception as e:  # noqa: BLE001
+                    if params is eqn.params:
+                        raise
+                    self._fail(p, eqn, e)
+                    ans = eqn.primitive.bind(*map(read, eqn.invars), **eqn.primitive.get_bind_params(eqn.params))
+            if eqn.primitive.multiple_results:
+                for v, a in zip(eqn.outvars, ans, strict=True):
+                    env[v] = a
+            else:
+                env[eqn.outvars[0]] = ans
+        return [read(v) for v in jaxpr.outvars]
+
+    def _fail(self, p: tuple[int, ...], eqn: Any, e: Exception) -> None:
+        pre = tag_of(p)
+        self.applied = {t for t in self.applied if not (t == pre or t.startswith(pre + "_"))}
+        why = f"could not rebuild the {eqn.primitive.name} around it: {type(e).__name__}: {str(e)[:200]}"
+        self.failed[pre] = why
+        log.debug("overlap: %s at %s", why, pre)
+
+    # -- dots --------------------------------------------------------------------------------
+    def _chain(self, v: Any, producer: dict[Any, Any]) -> list[Any]:
+        """v and the vars it is a relayout of (through reshard/sharding_constraint)."""
+        out = [v]
+        while not isinstance(v, jcore.Literal) and v in producer and producer[v].primitive.name in LAYOUT_PRIMS:
+            v = producer[v].invars[0]
+            out.append(v)
+        return out
+
+    def _relayouts(self, o: Any, consumers: dict[Any, list[Any]]) -> list[Any]:
+        return [c for c in consumers.get(o, []) if c is not None and c.primitive.name in LAYOUT_PRIMS
+                and c.invars[0] is o]
+
+    def _info(self, tag: str, eqn: Any, producer: dict[Any, Any], consumers: dict[Any, list[Any]]) -> DotInfo:
+        lhs, rhs = eqn.invars
+        o = eqn.outvars[0]
+        (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+        return DotInfo(
+            tag, tuple(lhs.aval.shape), tuple(rhs.aval.shape), tuple(o.aval.shape),
+            (lhs.aval.dtype.name, rhs.aval.dtype.name, o.aval.dtype.name),
+            ((tuple(lc), tuple(rc)), (tuple(lb), tuple(rb))),
+            str(functools.reduce(operator.add, self._scope, siu.NameStack()) + eqn.source_info.name_stack),
+            siu.summarize(eqn.source_info),
+            [spec_of(v.aval) for v in self._chain(lhs, producer)],
+            [spec_of(v.aval) for v in self._chain(rhs, producer)],
+            spec_of(o.aval), [spec_of(c.outvars[0].aval) for c in self._relayouts(o, consumers)],
+            len(self._relayouts(o, consumers)) < len(consumers.get(o, [])))
+
+    def _pick(self, v: Any, spec: Spec, producer: dict[Any, Any]) -> Any:
+        chain = self._chain(v, producer)
+        if spec_of(chain[0].aval) is None:      # auto layouts: the value before any relayout
+            return chain[-1]
+        return next((c for c in chain if spec_of(c.aval) == spec), v)
+
+    def _replace(self, tag: str, eqn: Any, env: dict[Any, Any], producer: dict[Any, Any],
+                 consumers: dict[Any, list[Any]], skip: set[int], name_stack: Any) -> bool:
+        from autotuner.strategies import build
+
+        problem, strategy = self.actions[tag]
+        read = lambda v: v.val if isinstance(v, jcore.Literal) else env[v]  # noqa: E731
+        try:
+            lhs = read(self._pick(eqn.invars[0], problem.lhs.spec, producer))
+            rhs = read(self._pick(eqn.invars[1], problem.rhs.spec, producer))
+            fn = build(problem, strategy, self.mesh)
+            with siu.set_name_stack(name_stack.extend(f"overlap[{strategy.key}]")):
+                out = fn(lhs, rhs)
+            o = eqn.outvars[0]
+            if tuple(out.shape) != tuple(o.aval.shape) or out.dtype != o.aval.dtype:
+                raise ValueError(f"the decomposition gives {out.dtype}{list(out.shape)}, the dot "
+                                 f"{o.aval.dtype}{list(o.aval.shape)}")
+            want = spec_of(o.aval)
+            if want is None or want == problem.out_spec:
+                env[o] = out
+            else:
+                # dead code unless the result is also used as laid out
+                env[o] = jax.reshard(out, NamedSharding(self.mesh, o.aval.sharding.spec))
+                for c in self._relayouts(o, consumers):
+                    if spec_of(c.outvars[0].aval) == problem.out_spec:
+                        env[c.outvars[0]] = out
+                        skip.add(id(c))
+        except Exception as e:  # noqa: BLE001 - this dot stays plain; plan() says why
+            self.failed[tag] = f"the decomposition could not be applied: {type(e).__name__}: {str(e)[:200]}"
+            log.debug("overlap: %s: %s", tag, self.failed[tag])
+            return False
+        self.applied.add(tag)
+        return True
+
+    # -- sub-jaxprs --------------------------------------------------------------------------
+    def _jaxpr_has_dot(self, jaxpr: Any) -> bool:
+        hit = self._has_dot.get(id(jaxpr))
+        if hit is None:
+            hit = any(e.primitive.name == "dot_general"
+                      or (e.primitive.name not in SKIP_PRIMS and self._params_have_dot(e.params))
+                      for e in jaxpr.eqns)
+            self._has_dot[id(jaxpr)] = hit
+        return hit
+
+    def _params_have_dot(self, params: dict[str, Any]) -> bool:
+        for v in params.values():
+            for x in (v if isinstance(v, tuple) else (v,)):
+                if isinstance(x, jcore.ClosedJaxpr) and self._jaxpr_has_dot(x.jaxpr):
+                    return True
+                if isinstance(x, jcore.Jaxpr) and self._jaxpr_has_dot(x):
+                    return True
+        return False
+
+    def _rebuild(self, eqn: Any, p: tuple[int, ...]) -> dict[str, Any]:
+        self._scope.append(eqn.source_info.name_stack)
+        try:
+            return self._rebuild_params(eqn, p)
+        finally:
+            self._scope.pop()
+
+    def _rebuild_params(self, eqn: Any, p: tuple[int, ...]) -> dict[str, Any]:
+        new = dict(eqn.params)
+        for k_i, k in enumerate(sorted(eqn.params)):
+            v = eqn.params[k]
+            many = isinstance(v, tuple)
+            items = list(v) if many else [v]
+            if not any(isinstance(x, (jcore.ClosedJaxpr, jcore.Jaxpr)) for x in items):
+                continue
+            out = []
+            for j, x in enumerate(items):
+                sub = p + (k_i, j)
+                if isinstance(x, jcore.ClosedJaxpr) and self._jaxpr_has_dot(x.jaxpr):
+                    out.append(self._closed(x, sub))
+                elif isinstance(x, jcore.Jaxpr) and self._jaxpr_has_dot(x):
+                    out.append(self._open(x, sub))
+                else:
+                    out.append(x)
+            new[k] = tuple(out) if many else out[0]
+        return new
+
+    def _trace(self, jaxpr: Any, consts: Sequence[Any], in_avals: Sequence[Any], p: tuple[int, ...]
+               ) -> tuple[Any, list[Any]]:
+        f = lu.wrap_init(lambda *a: self.eval(jaxpr, consts, a, p), debug_info=jaxpr.debug_info)
+        new, out_avals, new_consts = pe.trace_to_jaxpr_dynamic(f, list(in_avals))
+        want = [v.aval for v in jaxpr.outvars]
+        if [(a.shape, a.dtype) for a in out_avals] != [(a.shape, a.dtype) for a in want]:
+            raise TypeError("the rebuilt jaxpr's outputs differ from the original's")
+        return new, new_consts
+
+    def _closed(self, cj: Any, p: tuple[int, ...]) -> Any:
+        new, consts = self._trace(cj.jaxpr, cj.consts, cj.in_avals, p)
+        return jcore.ClosedJaxpr(new, consts)
+
+    def _open(self, jaxpr: Any, p: tuple[int, ...]) -> Any:
+        new, consts = self._trace(jaxpr, (), [v.aval for v in jaxpr.invars], p)
+        if consts:
+            raise TypeError("the rebuilt body captures constants, which an open jaxpr cannot hold")
+        return new

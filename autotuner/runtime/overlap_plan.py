@@ -1,0 +1,279 @@
+"""`overlap`'s planning: find the pairs of a tagged program, map them to equations, choose; and
+the plan it shows (`PlanRow`, `Plan`).
+
+Kept apart from `overlap.py` (the API) and `overlap_interp.py` (the jaxpr interpreter).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from autotuner.hlo.compile import compile_with_hlo
+from autotuner.hlo.mapping import map_pairs
+from autotuner.hlo.shardings import MeshInfo
+from autotuner.hlo.text import ExtractError
+from autotuner.problem import Problem
+from autotuner.runtime.overlap_interp import TAG_PREFIX, DotInfo, Interpreter
+from autotuner.strategy import Strategy, StrategyError
+
+log = logging.getLogger("autotuner.runtime.overlap")
+MIN_SPEEDUP_LO = 1.0   # auto: a tuned winner applies only if its speedup interval lies above this
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    """One decomposable pair of the program and what the pass does with it."""
+
+    name: str                 # the dot's name stack, e.g. transpose(jvp(bsd,df->bsf))
+    where: str                # user source of the einsum (file:line (function))
+    form: str                 # the collective as compiled: all-gather | reduce-scatter | all-reduce+dynamic-slice
+    problem: Problem | None
+    strategy: Strategy        # what runs (baseline: the plain jit equation)
+    source: str               # forced | callable | tuned | nearest | model | default | unmapped | ...
+    speedup: float | None     # predicted speedup of the pair (baseline time / its time), if known
+    count: int                # runs per call of the program
+    note: str = ""            # why baseline, or anything to know
+
+    @property
+    def key(self) -> str | None:
+        return self.problem.key if self.problem is not None else None
+
+    @property
+    def applied(self) -> bool:
+        return not self.strategy.is_baseline
+
+    @property
+    def saving(self) -> float | None:
+        """Predicted fraction of the pair's time saved (1 - 1/speedup), if known."""
+        return None if not self.speedup else 1.0 - 1.0 / self.speedup
+
+
+class Plan(list[PlanRow]):
+    """The rows of `Overlapped.plan`; `notes`: what concerns the whole program; `str()`: a table."""
+
+    def __init__(self, rows: Any = (), notes: Any = ()) -> None:
+        super().__init__(rows)
+        self.notes: list[str] = list(notes)
+
+    def __str__(self) -> str:
+        head = ("pair", "problem", "collective", "strategy", "source", "speedup", "x", "note")
+        rows = [head]
+        for r in self:
+            rows.append((r.name, (r.key or "-")[:12], r.form, r.strategy.key, r.source,
+                         f"{r.speedup:.2f}" if r.speedup else "-", str(r.count), r.note))
+        widths = [max(len(row[i]) for row in rows) for i in range(len(head) - 1)]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(row[:-1], widths, strict=True)) + "  " + row[-1]
+                 for row in rows]
+        n = sum(r.applied for r in self)
+        return "\n".join(lines + [f"{n} of {len(self)} pairs decomposed"] + [f"note: {t}" for t in self.notes])
+
+
+@dataclass(frozen=True)
+class Site:
+    """A pair mapped to its dot equation."""
+
+    tag: str
+    problem: Problem
+    info: DotInfo
+    other_users: int    # all-gather: other instructions its gathered value reaches
+
+
+def _tag(op_name: str) -> str | None:
+    i = op_name.rfind(TAG_PREFIX)
+    if i < 0:
+        return None
+    rest = op_name[i + len(TAG_PREFIX):]
+    j = rest.find("__")
+    return rest[:j] if j > 0 else None
+
+
+def _readable(op_name: str) -> str:
+    parts = [p for p in op_name.split("/") if not p.startswith(TAG_PREFIX)]
+    if parts and parts[0].startswith("jit("):
+        parts = parts[1:]
+    if parts and parts[-1] == "dot_general":
+        parts = parts[:-1]
+    return "/".join(parts) or op_name
+
+
+def mismatch(info: DotInfo, p: Problem) -> str | None:
+    """Why the traced dot is not the Problem's einsum (None when it is, operand for operand)."""
+    if info.dtypes != (p.dtype,) * 3:
+        return (f"the dot computes {info.dtypes[2]} from {info.dtypes[0]}/{info.dtypes[1]} operands "
+                f"(preferred_element_type); the decompositions compute in the operand type")
+    if info.lhs_shape != p.lhs.shape or info.rhs_shape != p.rhs.shape or info.out_shape != p.out_shape:
+        return "the compiled dot's operand shapes differ from the traced equation's"
+    eq = p.eq
+    (lc, rc), (lb, rb) = info.dims
+    if any(eq.lhs[i] != eq.rhs[j] for i, j in zip(lc + lb, rc + rb, strict=True)):
+        return "the compiled dot's dimension numbers differ from the traced equation's"
+    if any(eq.lhs[i] in eq.out for i in lc):
+        return "the compiled dot's contracting dimensions differ from the traced equation's"
+    shared = {eq.lhs[i] for i in lc + lb}
+    lfree = [c for i, c in enumerate(eq.lhs) if i not in lc and i not in lb]
+    rfree = [c for j, c in enumerate(eq.rhs) if j not in rc and j not in rb]
+    if (len(shared) != len(set(eq.lhs) & set(eq.rhs))
+            or "".join([eq.lhs[i] for i in lb] + lfree + rfree) != eq.out):
+        return "the compiled dot's output order differs from the traced equation's"
+    return None
+
+
+def _row(name: str, where: str, form: str, problem: Problem | None, source: str, count: int,
+         note: str) -> Any:
+    return PlanRow(name, where, form, problem, Strategy.baseline(), source, None, count, note)
+
+
+def find_sites(tagged: Any, tagger: Interpreter, args: Sequence[Any], kwargs: dict[str, Any],
+               mesh: Any, seen: set[str]) -> tuple[list[Site | None], list[Any], list[str], Any]:
+    """(sites, rows, notes, compiled): per pair of the partitioned program not `seen` before (by tag, or
+    op_name for untagged dots; `seen` is updated), its Site (None where the pair cannot be
+    decomposed) and its plan row (baseline for now, or why it stays baseline). Pairs inside
+    shard_map are left out once the pass has rewritten the program (they are its own rings).
+    `compiled`: the executable of `tagged` (None if it could not be compiled)."""
+    notes: list[str] = []
+    try:
+        pre, post, parts, compiled = compile_with_hlo(tagged, *args, **kwargs)
+    except ExtractError as e:
+        notes.append(f"the program could not be analysed, so it runs as plain jit: {e}")
+        log.warning("overlap: %s", notes[-1])
+        return [], [], notes, None
+    if parts <= 1 or not post:
+        return [], [], ["the program runs on one device: nothing to decompose"], compiled
+    info = MeshInfo(tuple(mesh.axis_names), tuple(int(s) for s in mesh.axis_sizes))
+    mapped, _ = map_pairs(pre, post, info)
+    for path, why in tagger.failed.items():
+        notes.append(f"equation {path}: {why}")
+    sites: list[Site | None] = []
+    rows: list[Any] = []
+    this_round: set[str] = set()
+    mapped_tags: set[str] = set()
+    for m in mapped:
+        op = m.pair.dot.op_name
+        tag = _tag(op)
+        if tagger.actions and m.reason and m.reason.startswith("inside shard_map"):
+            continue
+        ident = tag or f"{op}|{m.pair.form}|{m.pair.dot.name}"
+        if ident in seen and ident not in this_round:
+            continue   # planned in an earlier round
+        seen.add(ident)
+        this_round.add(ident)
+        dot = tagger.infos.get(tag) if tag else None
+        name = dot.name if dot and dot.name else _readable(op)
+        where = dot.where if dot else ""
+        why = m.reason
+        if why is None and dot is None:
+            why = "no traced dot_general carries this dot's name (it was not rebuilt by the pass)"
+        if why is None and tag in mapped_tags:
+            why = "the same dot as another pair (one decomposition per dot)"
+        if why is None:
+            assert m.problem is not None and dot is not None and tag is not None
+            why = mismatch(dot, m.problem)
+        if why is not None:
+            sites.append(None)
+            rows.append(_row(name, where, m.pair.form, m.problem, "unmapped", m.times, why))
+            continue
+        assert m.problem is not None and dot is not None and tag is not None
+        mapped_tags.add(tag)
+        sites.append(Site(tag, m.problem, dot, m.other_users))
+        rows.append(_row(name, where, m.pair.form, m.problem, "", m.times, ""))
+    return sites, rows, notes, compiled
+
+
+def _relayout(site: Site) -> str | None:
+    """With explicit layouts: why the decomposition would keep a collective outside it."""
+    p, info = site.problem, site.info
+    for what, chain, spec in (("lhs", info.lhs_chain, p.lhs.spec), ("rhs", info.rhs_chain, p.rhs.spec)):
+        if chain and chain[0] is not None and spec not in chain:
+            return (f"the {what} reaches the dot already laid out otherwise (its relayout is outside "
+                    "the dot's jaxpr), so its collective would stay")
+    if info.out_spec is not None and info.out_spec != p.out_spec:
+        if p.out_spec not in info.out_relayouts:
+            return "the result is not relaid out to the reduce-scatter's layout next to the dot"
+        if info.out_used_as_is or any(s != p.out_spec for s in info.out_relayouts):
+            return "the unscattered result is used too, so it would be gathered back"
+    return None
+
+
+def _valid(problem: Problem, s: Strategy) -> str | None:
+    from autotuner.strategies import check_valid
+
+    if s.method == "xla_windowed":
+        return "xla_windowed is a whole-program compile option, not a per-pair rewrite"
+    try:
+        check_valid(problem, s)
+    except StrategyError as e:
+        return f"{s.key} does not apply to this problem ({e})"
+    return None
+
+
+def choose(mode: str, chosen: Any, client: Any, sites: list[Site | None], rows: list[Any]
+           ) -> tuple[dict[str, tuple[Problem, Strategy]], list[Any]]:
+    """({tag: (problem, strategy)} to apply, the rows with their choices)."""
+    from autotuner.runtime.collective import DECISIONS
+
+    actions: dict[str, tuple[Problem, Strategy]] = {}
+    out = []
+    for site, row in zip(sites, rows, strict=True):
+        if site is None:
+            out.append(row)
+            continue
+        p = site.problem
+        speedup = None
+        note = ""
+        if mode == "baseline":
+            s, source = Strategy.baseline(), "forced"
+        elif mode == "one":
+            s, source = chosen, "forced"
+        elif mode == "callable":
+            s, source = _call(chosen, p)
+            if isinstance(s, str):
+                s, note = Strategy.baseline(), s
+        else:
+            d = DECISIONS.decide(p, client)
+            s, source, speedup = d.strategy, d.source, d.speedup
+            ci = d.confidence
+            if not s.is_baseline:
+                if source != "tuned":
+                    s, note = Strategy.baseline(), f"{d.strategy.key} is a {source} answer, not tuned: baseline"
+                elif ci is None or ci[0] <= MIN_SPEEDUP_LO:
+                    s, note = Strategy.baseline(), (f"{d.strategy.key}'s speedup interval "
+                                                    f"{list(ci) if ci else 'is unknown'}: baseline")
+        if not s.is_baseline:
+            why = _valid(p, s)
+            if why is not None:
+                s, note = Strategy.baseline(), why
+        if not s.is_baseline:
+            why = _relayout(site)
+            if why is None and site.other_users:
+                why = (f"its all-gather's value is also used by {site.other_users} other instruction(s) "
+                       "(a shared gather), so the gather would stay")
+            if why is not None and mode == "auto":
+                s, note = Strategy.baseline(), why + ": baseline"
+            elif why is not None:
+                note = why
+        if not s.is_baseline:
+            actions[site.tag] = (p, s)
+        else:
+            speedup = None   # the plain equation: nothing predicted
+        out.append(replace(row, strategy=s, source=source, speedup=speedup, note=note))
+    return actions, out
+
+
+def _call(fn: Callable[[Problem], Any], p: Problem) -> tuple[Strategy | str, str]:
+    try:
+        got = fn(p)
+    except Exception as e:  # noqa: BLE001 - a user callback: this pair stays baseline
+        return f"the strategy callable raised {type(e).__name__}: {e}", "callable"
+    if isinstance(got, dict):
+        try:
+            got = Strategy.from_dict(got)
+        except StrategyError as e:
+            return f"the strategy callable returned an invalid strategy: {e}", "callable"
+    if got is None:
+        return Strategy.baseline(), "callable"
+    if not isinstance(got, Strategy):
+        return f"the strategy callable returned {type(got).__name__}, not a Strategy", "callable"
+    return got, "callable"

@@ -1,0 +1,77 @@
+"""`autotuner bench-model`: plain vs overlapped on in-process devices, with the per-pair breakdown
+(real subprocesses). Timing figures on shared CPU devices are noise: these check the shape of the
+result and its consistency, not a speedup."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+EXAMPLE = ["autotuner.examples.transformer:example", "--kwargs", '{"layers": 1}']
+
+
+def run(args: list[str], cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "AUTOTUNER_"))}
+    env["PYTHONPATH"] = str(REPO)
+    return subprocess.run([sys.executable, "-m", "autotuner.cli", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.slow
+def test_bench_model_forced_ring_json(tmp_path):
+    r = run(["bench-model", *EXAMPLE, "--target", "inproc:4", "--strategy", "ring-uni-c1-u1-loop-send",
+             "--reps", "5", "--pair-reps", "3", "--json"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert got["error"] <= 4e-5 and len(got["plan"]) == 4 and all(p["applied"] for p in got["plan"])
+    for name in ("plain", "overlapped"):
+        s = got[name]
+        assert s["n"] == 5 and len(got[f"{name}_samples"]) == 5 and s["lo_s"] <= s["median_s"] <= s["hi_s"]
+    assert math.isclose(got["speedup"], got["plain"]["median_s"] / got["overlapped"]["median_s"])
+    assert got["speedup_lo"] <= got["speedup"] <= got["speedup_hi"]
+    assert got["slower"] == (got["speedup_hi"] < 1)
+    keys = {p["key"] for p in got["plan"]}
+    assert {t["key"] for t in got["pairs"]} == keys and sum(t["count"] for t in got["pairs"]) == 4
+    for t in got["pairs"]:
+        assert t["failed"] is None and t["baseline_s"] > 0 and t["strategy_s"] > 0 and t["comm_s"] > 0
+        assert math.isclose(t["saved_s"], t["count"] * (t["baseline_s"] - t["strategy_s"]))
+    assert math.isclose(got["comm_s"], sum(t["count"] * t["comm_s"] for t in got["pairs"]))
+
+
+def test_bench_model_baseline_table_and_errors(tmp_path):
+    r = run(["bench-model", *EXAMPLE, "--target", "inproc:4", "--strategy", "baseline", "--reps", "5",
+             "--pair-reps", "3"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "0 of 4 pair(s) decomposed" in r.stdout and "speedup" in r.stdout
+    assert "no pair is decomposed" in r.stdout
+    # the pairs are still timed alone, for their collectives' share of the step
+    breakdown = r.stdout.split("pairs, each timed alone")[1].split("collectives alone, all pairs:")
+    assert len(breakdown) == 2
+    assert len(re.findall(r"^\s+[0-9a-f]{12}\s+baseline\s+1\s", breakdown[0], re.M)) == 4
+    bad = run(["bench-model", *EXAMPLE, "--target", "gpu:9"], tmp_path)
+    assert bad.returncode == 2 and "expected inproc:N" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.mark.lab
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_bench_model_on_a_lab_builds_the_program_in_every_process(tmp_path):
+    """lab:none:2 (plain loopback, no root needed): the factory runs in both processes, the
+    numerics are checked across them, both programs are timed and each pair alone."""
+    r = run(["bench-model", "autotuner.examples.transformer:train_step", "--mesh", '{"model": 2}',
+             "--kwargs", '{"layers": 1}', "--target", "lab:none:2", "--strategy", "ring-uni-c2-ufull-loop-send",
+             "--reps", "5", "--pair-reps", "3", "--json"], tmp_path)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert got["error"] <= 4e-5 and got["plain"]["n"] == got["overlapped"]["n"] == 5
+    applied = [p for p in got["plan"] if p["applied"]]
+    assert len(applied) == len(got["plan"]) == 12          # forward 4 + backward 8 pairs, 1 layer
+    assert sum(t["count"] for t in got["pairs"]) == 12 and all(t["failed"] is None for t in got["pairs"])
