@@ -78,7 +78,7 @@ def plan_cmd(
                                                 help="in-process CPU devices (default: mesh size or 8)")] = None,
     kwargs: Annotated[str | None, typer.Option("--kwargs", help="JSON object of keyword arguments "
                                                "for the factory")] = None,
-    explicit: Annotated[bool, typer.Option("--explicit/--auto", help="axis types of the --mesh")] = True,
+    explicit: Annotated[bool, typer.Option("--explicit/--auto", help="axis types of the --mesh: Auto (the default, as for extract) or Explicit")] = False,
     db: Annotated[str | None, typer.Option("--db", help=SOURCE_HELP)] = None,
     service: Annotated[str | None, typer.Option("--service", help="service URL to read winners from")] = None,
     snapshot: Annotated[str | None, typer.Option("--snapshot", help="snapshot file of winners")] = None,

@@ -122,7 +122,7 @@ def bench_example(target: str, url: str, n: int, *, trials: int, reps: int) -> N
     import tempfile
 
     factory = "autotuner.examples.transformer:train_step"
-    common = ["--mesh", json.dumps({"model": n}), "--kwargs", json.dumps(EXAMPLE_STEP)]
+    common = ["--mesh", json.dumps({"model": n}), "--kwargs", json.dumps(EXAMPLE_STEP), "--explicit"]
     with tempfile.TemporaryDirectory(prefix="autotuner-up-") as tmp:
         problems = os.path.join(tmp, "step.json")
         steps = [["extract", factory, *common, "-q", "-o", problems],

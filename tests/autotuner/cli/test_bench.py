@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[3]
-EXAMPLE = ["autotuner.examples.transformer:example", "--kwargs", '{"layers": 1}']
+EXAMPLE = ["autotuner.examples.transformer:example", "--explicit", "--kwargs", '{"layers": 1}']
 
 
 def run(args: list[str], cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -66,7 +66,7 @@ def test_bench_model_baseline_table_and_errors(tmp_path):
 def test_bench_model_on_a_lab_builds_the_program_in_every_process(tmp_path):
     """lab:none:2 (plain loopback, no root needed): the factory runs in both processes, the
     numerics are checked across them, both programs are timed and each pair alone."""
-    r = run(["bench-model", "autotuner.examples.transformer:train_step", "--mesh", '{"model": 2}',
+    r = run(["bench-model", "autotuner.examples.transformer:train_step", "--mesh", '{"model": 2}', "--explicit",
              "--kwargs", '{"layers": 1}', "--target", "lab:none:2", "--strategy", "ring-uni-c2-ufull-loop-send",
              "--reps", "5", "--pair-reps", "3", "--json"], tmp_path)
     assert r.returncode == 0, r.stderr

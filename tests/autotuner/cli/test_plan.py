@@ -64,7 +64,7 @@ def test_plan_from_a_snapshot_applies_only_confident_winners(tmp_path):
     snap.write_text(json.dumps({"format": "autotuner-snapshot", "version": 1, "entries": entries,
                                 "devices": [{**d.to_dict(), "key": d.key} for d in (dev, other)]}))
     one = ["--kwargs", '{"layers": 1}']
-    r = run(["plan", "autotuner.examples.transformer:example", "--snapshot", str(snap), "--json", *one],
+    r = run(["plan", "autotuner.examples.transformer:example", "--explicit", "--snapshot", str(snap), "--json", *one],
             tmp_path)
     assert r.returncode == 0, r.stderr
     rows = {row["name"]: row for row in map(json.loads, r.stdout.splitlines())}
@@ -76,7 +76,7 @@ def test_plan_from_a_snapshot_applies_only_confident_winners(tmp_path):
     assert {rows[n]["source"] for n in ("bshk,hkd->bsd", "bsf,fd->bsd")} == {"default"}
     assert f"device {dev.label}" in r.stderr and "2 winner(s)" in r.stderr
 
-    table = run(["plan", "autotuner.examples.transformer:example", "--snapshot", str(snap), *one], tmp_path)
+    table = run(["plan", "autotuner.examples.transformer:example", "--explicit", "--snapshot", str(snap), *one], tmp_path)
     assert table.returncode == 0, table.stderr
     assert "1 of 4 pair(s) decomposed" in table.stdout and "23%" in table.stdout
 
@@ -87,7 +87,7 @@ def test_plan_from_a_snapshot_applies_only_confident_winners(tmp_path):
     (["plan", "autotuner.examples.transformer:example", "--db", "sqlite:///a.db", "--snapshot", "s.json"],
      "at most one of"),
     (["plan", "autotuner.examples.transformer:example", "--strategy", "ring-sideways"], "--strategy"),
-    (["plan", "autotuner.examples.transformer:example", "--snapshot", "nope.json"], "--snapshot nope.json"),
+    (["plan", "autotuner.examples.transformer:example", "--explicit", "--snapshot", "nope.json"], "--snapshot nope.json"),
 ])
 def test_plan_errors_are_one_line(tmp_path, argv, message):
     r = run(argv, tmp_path)
