@@ -32,6 +32,7 @@ from db._catalog import (
     upsert_device,
     upsert_problem,
 )
+from db._changes import Changes, changes_since, current_generation, note_change
 from db._common import named_lock
 from db._listing import SORT_KEYS, list_problems
 from db._nearest import nearest_winners
@@ -59,12 +60,15 @@ from db.optuna_storage import OPTUNA_SCHEMA, ensure_optuna_schema, optuna_storag
 from db.rule import choose_winner
 
 __all__ = [
+    "Changes",
     "OPTUNA_SCHEMA",
     "SORT_KEYS",
     "add_calibration",
     "add_token",
+    "changes_since",
     "check_token",
     "choose_winner",
+    "current_generation",
     "claim_job",
     "enqueue_job",
     "ensure_optuna_schema",
@@ -84,6 +88,7 @@ __all__ = [
     "list_jobs",
     "list_measurements",
     "named_lock",
+    "note_change",
     "list_problems",
     "list_tokens",
     "list_winners",

@@ -3,8 +3,9 @@
 ``app`` is built on first access from the environment (``AUTOTUNER_*``, see
 ``autotuner.settings.Settings``), so importing this module has no side effects. On startup the app
 checks that the database is at the expected schema revision (``autotuner db upgrade`` fixes
-it), warms up what lookups import, and starts the demand writer; on shutdown it writes the
-remaining misses and closes the engine.
+it), warms up what lookups import, and starts the demand writer and the watcher of changed
+winners (:mod:`service.coherence`); on shutdown it stops the watcher, writes the remaining
+misses and closes the engine.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from starlette.concurrency import run_in_threadpool
 from autotuner.settings import Settings, get_settings
 from db import Database
 from service import errors
+from service.coherence import ChangeWatcher
 from service.deps import ServiceState
 from service.fields import ParseMemo, ParseMemoMiddleware
 from service.limits import BodyLimitMiddleware
@@ -69,6 +71,7 @@ def create_app(settings: Settings | None = None, *, database: Database | None = 
                            nearest_max_distance=settings.nearest_max_distance, model=model,
                            model_budget_seconds=settings.model_budget_seconds,
                            parse_memo=parse_memo)
+    watcher = ChangeWatcher(db, lookups.invalidate, interval=settings.lookup_poll_seconds)
     from service import dashboard  # the HTML pages at / (not in the OpenAPI schema)
 
     state = ServiceState(settings=settings, database=db, lookups=lookups, metrics=metrics,
@@ -80,9 +83,11 @@ def create_app(settings: Settings | None = None, *, database: Database | None = 
             await run_in_threadpool(db.check_schema)
         await run_in_threadpool(_warm_up)
         lookups.demand.start()
+        await run_in_threadpool(watcher.start)
         try:
             yield
         finally:
+            await run_in_threadpool(watcher.close)
             await run_in_threadpool(lookups.demand.close)
             if own_db:
                 db.dispose()

@@ -9,8 +9,11 @@
 - ``default``: the baseline.
 
 Exact matches are looked up in one read transaction per batch request, and the single lookups
-that arrive while one is running are answered together (:class:`_Coalescer`). Answers are kept for ``settings.lookup_cache_seconds`` (per process; a result posted to this
-process drops its entry at once, other workers see it within that time). Every answer that is
+that arrive while one is running are answered together (:class:`_Coalescer`). Answers are
+kept until a winner they depend on changes (:meth:`LookupEngine.invalidate`, called by
+:class:`service.coherence.ChangeWatcher` within ``settings.lookup_poll_seconds`` of a change
+made by any process; a result posted to this process drops its entries at once), at most
+``settings.lookup_cache_seconds``. Every answer that is
 not ``tuned`` counts one miss: misses are buffered and written by a background thread every
 ``DEMAND_FLUSH_SECONDS`` (once the app has started; before that, synchronously), so the
 lookup path never waits for a write; ``GET /v1/demand`` flushes first.
@@ -190,6 +193,14 @@ class _Coalescer:
             self._draining = False
 
 
+Entry = tuple[float, Lookup, bytes]
+
+
+def to_json(answer: Lookup) -> bytes:
+    """The answer's JSON, as the route's response model would write it."""
+    return answer.__pydantic_serializer__.to_json(answer)
+
+
 class LookupEngine:
     """Answers lookups for one database (see the module docs); one per app, thread-safe."""
 
@@ -208,12 +219,21 @@ class LookupEngine:
         self.model_budget_seconds = model_budget_seconds
         self.demand = demand or DemandRecorder(database)
         self.parse_memo = parse_memo or ParseMemo()  # the keys of the problems asked about
-        self._cache: dict[tuple[str, str], tuple[float, Lookup]] = {}
+        # tuned answers by (device key, problem key); the others (nearest/model/default, which
+        # a winner stored near them can change) by device key, then problem key
+        # (each entry: expiry, answer, the answer's JSON - serialised once, served as is)
+        self._tuned: dict[tuple[str, str], Entry] = {}
+        self._fallback: dict[str, dict[str, Entry]] = {}
+        # +1 whenever answers are dropped: an answer read from the database before a drop is
+        # not kept after it (it may predate the change that caused the drop)
+        self._epoch = 0
         self._coalescer = _Coalescer(self._exact)
 
     # -- cache ---------------------------------------------------------------------------------
     def _cached(self, dkey: str, pkey: str, now: float) -> Lookup | None:
-        hit = self._cache.get((dkey, pkey))
+        hit = self._tuned.get((dkey, pkey))
+        if hit is None:
+            hit = self._fallback.get(dkey, {}).get(pkey)
         if hit is None or hit[0] < now:
             return None
         return hit[1]
@@ -221,12 +241,38 @@ class LookupEngine:
     def _keep(self, answer: Lookup, now: float) -> None:
         if self.cache_seconds <= 0:
             return
-        if len(self._cache) >= CACHE_MAX:
-            self._cache.clear()
-        self._cache[(answer.device_key, answer.problem_key)] = (now + self.cache_seconds, answer)
+        entry = (now + self.cache_seconds, answer, to_json(answer))
+        if answer.source == "tuned":
+            if len(self._tuned) >= CACHE_MAX:
+                self._tuned = {}
+            self._tuned[(answer.device_key, answer.problem_key)] = entry
+        else:
+            per_device = self._fallback.setdefault(answer.device_key, {})
+            if len(per_device) >= CACHE_MAX:
+                per_device.clear()
+            per_device[answer.problem_key] = entry
 
     def forget(self, dkey: str, pkey: str) -> None:
-        self._cache.pop((dkey, pkey), None)
+        """Drop what a new winner of (device, problem) changes (see :meth:`invalidate`)."""
+        self.invalidate(((dkey, pkey),))
+
+    def invalidate(self, changes: Sequence[tuple[str, str | None]] | None) -> None:
+        """Drop the answers that changed winners affect: the tuned answer of each (device,
+        problem), every untuned answer of the device (a nearest or default answer may now
+        have a closer neighbour), every answer of the device when the problem is None;
+        everything when ``changes`` is None. Called by :class:`service.coherence.ChangeWatcher`
+        (any thread)."""
+        self._epoch += 1
+        if changes is None:
+            self._tuned, self._fallback = {}, {}
+            return
+        for dkey, pkey in changes:
+            self._fallback.pop(dkey, None)
+            if pkey is not None:
+                self._tuned.pop((dkey, pkey), None)
+            else:
+                for k in [k for k in list(self._tuned) if k[0] == dkey]:
+                    self._tuned.pop(k, None)
 
     # -- answers -------------------------------------------------------------------------------
     def _nearest(self, s: Any, device: Device, dkey: str, problem: Problem, pkey: str) -> Lookup | None:
@@ -295,10 +341,11 @@ class LookupEngine:
 
     def _finish(self, device: Device, dkey: str, keys: list[str], by_key: dict[str, Problem],
                 answers: dict[str, Lookup], todo: list[str], now: float,
-                provisional: set[str]) -> list[Lookup]:
-        for k in todo:
-            if k not in provisional:
-                self._keep(answers[k], now)
+                provisional: set[str], epoch: int) -> list[Lookup]:
+        if epoch == self._epoch:  # else answers changed while these were read: keep none
+            for k in todo:
+                if k not in provisional:
+                    self._keep(answers[k], now)
         out = [answers[k] for k in keys]
         sources: dict[str, int] = {}
         misses: dict[str, tuple[Problem, int]] = {}
@@ -312,11 +359,25 @@ class LookupEngine:
             self.demand.add(device, dkey, misses)
         return out
 
+    def json_of(self, answer: Lookup) -> bytes:
+        """``answer``'s JSON: the cached bytes when it is the cached answer, else serialised."""
+        entry = self._tuned.get((answer.device_key, answer.problem_key))
+        if entry is None:
+            entry = self._fallback.get(answer.device_key, {}).get(answer.problem_key)
+        if entry is not None and entry[1] is answer:
+            return entry[2]
+        return to_json(answer)
+
+    async def run_json(self, device: Device, problems: Sequence[Problem]) -> list[bytes]:
+        """:meth:`run`, each answer as its JSON bytes (cached with it)."""
+        return [self.json_of(a) for a in await self.run(device, problems)]
+
     async def run(self, device: Device, problems: Sequence[Problem]) -> list[Lookup]:
         """Answers in the order asked; repeated problems are looked up once. Cached answers in
         the event loop; the exact matches of single lookups coalesced (:class:`_Coalescer`), of
         a batch in one read transaction (one round trip with ``repository.get_winners``); both,
         and nearest-shape searches, in the thread pool."""
+        epoch = self._epoch
         now, dkey, keys, by_key, answers, todo = self._start(device, problems)
         provisional: set[str] = set()
         if todo:
@@ -330,4 +391,4 @@ class LookupEngine:
             if rest:
                 answers.update(await run_in_threadpool(self._inexact, device, dkey, by_key, rest,
                                                        provisional))
-        return self._finish(device, dkey, keys, by_key, answers, todo, now, provisional)
+        return self._finish(device, dkey, keys, by_key, answers, todo, now, provisional, epoch)
