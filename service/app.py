@@ -23,6 +23,7 @@ from db import Database
 from service import errors
 from service.coherence import ChangeWatcher
 from service.deps import ServiceState
+from service.fastpath import LookupFastPath
 from service.fields import ParseMemo, ParseMemoMiddleware
 from service.limits import BodyLimitMiddleware
 from service.lookups import LookupEngine
@@ -46,6 +47,19 @@ def _warm_up() -> None:
     # Nearest-shape answers check the neighbour's strategy with autotuner.strategies, which
     # imports JAX: do it once at startup, not in the first request that needs it.
     import autotuner.strategies  # noqa: F401
+
+
+class ServiceApp(FastAPI):
+    """The FastAPI app, whose lookups go through :class:`service.fastpath.LookupFastPath`
+    first (in front of every middleware; what it does not answer, FastAPI does)."""
+
+    fast_path: LookupFastPath | None = None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if self.fast_path is not None:
+            await self.fast_path(scope, receive, send)
+        else:
+            await super().__call__(scope, receive, send)
 
 
 def create_app(settings: Settings | None = None, *, database: Database | None = None,
@@ -92,7 +106,7 @@ def create_app(settings: Settings | None = None, *, database: Database | None = 
             if own_db:
                 db.dispose()
 
-    app = FastAPI(title="overlap-autotuner", version=VERSION, description=DESCRIPTION,
+    app = ServiceApp(title="overlap-autotuner", version=VERSION, description=DESCRIPTION,
                   lifespan=lifespan)
     app.state.autotuner = state
     errors.install(app)
@@ -102,6 +116,7 @@ def create_app(settings: Settings | None = None, *, database: Database | None = 
     app.add_middleware(ParseMemoMiddleware, memo=parse_memo)
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=metrics)  # outermost: counts the 413s too
+    app.fast_path = LookupFastPath(super(ServiceApp, app).__call__, state)
     return app
 
 

@@ -194,6 +194,7 @@ class _Coalescer:
 
 
 Entry = tuple[float, Lookup, bytes]
+Keys = tuple[str, Sequence[str]]  # the device's key and the problems' keys, when known
 
 
 def to_json(answer: Lookup) -> bytes:
@@ -299,11 +300,14 @@ class LookupEngine:
                           device_key=dkey)
         return _default(dkey, pkey)
 
-    def _start(self, device: Device, problems: Sequence[Problem]
+    def _start(self, device: Device, problems: Sequence[Problem], known: Keys | None = None
                ) -> tuple[float, str, list[str], dict[str, Problem], dict[str, Lookup], list[str]]:
         now = time.monotonic()
-        dkey = self.parse_memo.key(device)
-        keys = [self.parse_memo.key(p) for p in problems]
+        if known is not None:
+            dkey, keys = known[0], list(known[1])
+        else:
+            dkey = self.parse_memo.key(device)
+            keys = [self.parse_memo.key(p) for p in problems]
         by_key: dict[str, Problem] = dict(zip(keys, problems, strict=True))
         answers: dict[str, Lookup] = {}
         todo = []
@@ -368,17 +372,19 @@ class LookupEngine:
             return entry[2]
         return to_json(answer)
 
-    async def run_json(self, device: Device, problems: Sequence[Problem]) -> list[bytes]:
+    async def run_json(self, device: Device, problems: Sequence[Problem],
+                       known: Keys | None = None) -> list[bytes]:
         """:meth:`run`, each answer as its JSON bytes (cached with it)."""
-        return [self.json_of(a) for a in await self.run(device, problems)]
+        return [self.json_of(a) for a in await self.run(device, problems, known)]
 
-    async def run(self, device: Device, problems: Sequence[Problem]) -> list[Lookup]:
+    async def run(self, device: Device, problems: Sequence[Problem],
+                  known: Keys | None = None) -> list[Lookup]:
         """Answers in the order asked; repeated problems are looked up once. Cached answers in
         the event loop; the exact matches of single lookups coalesced (:class:`_Coalescer`), of
         a batch in one read transaction (one round trip with ``repository.get_winners``); both,
         and nearest-shape searches, in the thread pool."""
         epoch = self._epoch
-        now, dkey, keys, by_key, answers, todo = self._start(device, problems)
+        now, dkey, keys, by_key, answers, todo = self._start(device, problems, known)
         provisional: set[str] = set()
         if todo:
             if len(todo) == 1:
