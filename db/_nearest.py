@@ -102,3 +102,22 @@ def nearest_winners(
             )
         )
     return out
+
+
+def tuned_group(
+    s: Session, device_key: str, *, pattern: str, dtype: str, mesh_size: int
+) -> list[tuple[int, str, float, float, float, float]]:
+    """``(problem id, problem key, lm, ln, lk, lb)`` of every problem of one (pattern, dtype,
+    mesh size) group that has a winner on this device, by problem id: what an in-memory
+    nearest-shape index of the group holds (the service's :mod:`service.nearest`). One query,
+    served by the (pattern, dtype, mesh_size, ...) index and the winners' unique index."""
+    p, w = Problem.__table__.c, Winner.__table__.c  # Core: plain rows, no ORM layer (8k rows)
+    device_id = select(Device.__table__.c.id).where(Device.__table__.c.key == device_key).scalar_subquery()
+    stmt = (
+        select(p.id, p.key, p.lm, p.ln, p.lk, p.lb)
+        .join(Winner.__table__, w.problem_id == p.id)
+        .where(w.device_id == device_id, p.pattern == pattern, p.dtype == dtype,
+               p.mesh_size == mesh_size)
+        .order_by(p.id)
+    )
+    return [tuple(r) for r in s.connection().execute(stmt)]  # type: ignore[misc]

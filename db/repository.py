@@ -35,7 +35,7 @@ from db._catalog import (
 from db._changes import Changes, changes_since, current_generation, note_change
 from db._common import named_lock
 from db._listing import SORT_KEYS, list_problems
-from db._nearest import nearest_winners
+from db._nearest import nearest_winners, tuned_group
 from db._queue import (
     claim_job,
     enqueue_job,
@@ -45,6 +45,7 @@ from db._queue import (
     list_demand,
     list_jobs,
     record_miss,
+    record_misses,
 )
 from db._results import (
     get_winner,
@@ -97,9 +98,11 @@ __all__ = [
     "optuna_storage_url",
     "record_measurements",
     "record_miss",
+    "record_misses",
     "recompute_winner",
     "revoke_token",
     "token_hash",
+    "tuned_group",
     "upsert_device",
     "upsert_problem",
     *_stats.__all__,

@@ -102,6 +102,7 @@ def create_app(settings: Settings | None = None, *, database: Database | None = 
             yield
         finally:
             await run_in_threadpool(watcher.close)
+            await run_in_threadpool(lookups.nearest.close)
             await run_in_threadpool(lookups.demand.close)
             if own_db:
                 db.dispose()

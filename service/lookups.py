@@ -36,6 +36,7 @@ from db import repository as repo
 from service.fields import ParseMemo
 from service.metrics import Metrics
 from service.model import ModelFn, as_answer, model_answer
+from service.nearest import NearestIndex
 from service.schemas import Lookup, evidence
 
 log = logging.getLogger("service.lookups")
@@ -108,11 +109,10 @@ class DemandRecorder:
             if not pending:
                 return 0
             try:
-                with self.database.session() as s:
-                    for (dkey, pkey), (count, device, problem) in sorted(pending.items()):
-                        canonical, device_json = problem.canonical(), device.to_dict()
-                        for _ in range(count):
-                            repo.record_miss(s, dkey, device_json, pkey, canonical)
+                with self.database.session() as s:  # one upsert per (device, problem)
+                    repo.record_misses(s, [(dkey, device.to_dict(), pkey, problem.canonical(), count)
+                                           for (dkey, pkey), (count, device, problem)
+                                           in sorted(pending.items())])
             except ValueError as e:  # invalid values never become valid: drop them
                 log.warning("dropped %d lookup misses the database refused: %s",
                             sum(v[0] for v in pending.values()), e)
@@ -149,24 +149,30 @@ class DemandRecorder:
         self.flush()
 
 
-class _Coalescer:
-    """Exact-match lookups of concurrent requests, answered together (the DataLoader pattern).
+Resolved = tuple[Lookup, bool]  # an answer, and whether it is provisional (not to be cached)
 
-    A request's key joins the pending set; one drain task at a time takes everything pending,
-    looks it up in one read transaction (one round trip with ``repository.get_winners``) in a
-    worker thread, and hands each request its answer. While that runs the event loop keeps
-    parsing requests, whose keys make up the next round: under load the batches grow by
-    themselves, at low load a lookup waits for nothing but its own query.
+
+class _Coalescer:
+    """The uncached single lookups of concurrent requests, answered together (the DataLoader
+    pattern).
+
+    A request's problem joins the pending set; one drain task at a time takes everything
+    pending and resolves it in a worker thread with ``resolve`` (exact matches in one read
+    transaction, the rest from the nearest index and the model together), and hands each
+    request its answer. While that runs the event loop keeps parsing requests, whose problems
+    make up the next round: under load the batches grow by themselves, at low load a lookup
+    waits for nothing but its own query.
     """
 
-    def __init__(self, exact: Any) -> None:
-        self._exact = exact
-        self._pending: dict[str, dict[str, list[asyncio.Future[Lookup | None]]]] = {}
+    def __init__(self, resolve: Any) -> None:
+        self._resolve = resolve
+        self._pending: dict[str, tuple[Device, dict[str, tuple[Problem, list[asyncio.Future[Resolved]]]]]] = {}
         self._draining = False
 
-    async def get(self, dkey: str, pkey: str) -> Lookup | None:
-        fut: asyncio.Future[Lookup | None] = asyncio.get_running_loop().create_future()
-        self._pending.setdefault(dkey, {}).setdefault(pkey, []).append(fut)
+    async def get(self, device: Device, dkey: str, pkey: str, problem: Problem) -> Resolved:
+        fut: asyncio.Future[Resolved] = asyncio.get_running_loop().create_future()
+        waiters = self._pending.setdefault(dkey, (device, {}))[1]
+        waiters.setdefault(pkey, (problem, []))[1].append(fut)
         if not self._draining:
             self._draining = True
             asyncio.ensure_future(self._drain())
@@ -176,19 +182,22 @@ class _Coalescer:
         try:
             while self._pending:
                 pending, self._pending = self._pending, {}
-                for dkey, waiters in pending.items():
+                for dkey, (device, waiters) in pending.items():
+                    provisional: set[str] = set()
                     try:
-                        found = await run_in_threadpool(self._exact, dkey, list(waiters))
+                        found = await run_in_threadpool(
+                            self._resolve, device, dkey, {k: p for k, (p, _) in waiters.items()},
+                            provisional)
                     except Exception as e:  # noqa: BLE001 - every waiter gets the error
-                        for futs in waiters.values():
+                        for _, futs in waiters.values():
                             for f in futs:
                                 if not f.done():
                                     f.set_exception(e)
                         continue
-                    for pkey, futs in waiters.items():
+                    for pkey, (_, futs) in waiters.items():
                         for f in futs:
                             if not f.done():
-                                f.set_result(found.get(pkey))
+                                f.set_result((found[pkey], pkey in provisional))
         finally:
             self._draining = False
 
@@ -228,7 +237,8 @@ class LookupEngine:
         # +1 whenever answers are dropped: an answer read from the database before a drop is
         # not kept after it (it may predate the change that caused the drop)
         self._epoch = 0
-        self._coalescer = _Coalescer(self._exact)
+        self.nearest = NearestIndex(nearest_max_distance, NEIGHBORS, database)
+        self._coalescer = _Coalescer(self._resolve)
 
     # -- cache ---------------------------------------------------------------------------------
     def _cached(self, dkey: str, pkey: str, now: float) -> Lookup | None:
@@ -266,7 +276,10 @@ class LookupEngine:
         self._epoch += 1
         if changes is None:
             self._tuned, self._fallback = {}, {}
+            self.nearest.drop()
             return
+        for dkey in {d for d, _ in changes}:
+            self.nearest.drop(dkey)
         for dkey, pkey in changes:
             self._fallback.pop(dkey, None)
             if pkey is not None:
@@ -276,19 +289,16 @@ class LookupEngine:
                     self._tuned.pop(k, None)
 
     # -- answers -------------------------------------------------------------------------------
-    def _nearest(self, s: Any, device: Device, dkey: str, problem: Problem, pkey: str) -> Lookup | None:
-        f = problem.features()
-        neighbors = repo.nearest_winners(
-            s, dkey, pattern=problem.pattern.label, dtype=problem.dtype, mesh_size=problem.axis_size,
-            m=f["m"], n=f["n"], k=f["k"], b=f["b"], limit=NEIGHBORS, exclude_key=pkey,
-            max_distance=self.nearest_max_distance)
-        for nb in neighbors:  # within nearest_max_distance, closest first
-            strategy = applicable(problem, nb.winner.strategy)
+    def _nearest(self, problem: Problem, pkey: str, dkey: str, neighbors: list[tuple[str, float]],
+                 winners: dict[str, WinnerRecord]) -> Lookup | None:
+        for nkey, distance in neighbors:  # within nearest_max_distance, closest first
+            winner = winners.get(nkey)
+            strategy = applicable(problem, winner.strategy) if winner is not None else None
             if strategy is None:
                 continue
-            answer = {**evidence(nb.winner), "strategy": strategy.to_dict(), "strategy_key": strategy.key}
-            return Lookup(**answer, source="nearest", distance=round(nb.distance, 6),
-                          neighbor_key=nb.winner.problem_key, problem_key=pkey, device_key=dkey)
+            answer = {**evidence(winner), "strategy": strategy.to_dict(), "strategy_key": strategy.key}
+            return Lookup(**answer, source="nearest", distance=round(distance, 6),
+                          neighbor_key=nkey, problem_key=pkey, device_key=dkey)
         return None
 
     def _untuned(self, device: Device, dkey: str, problem: Problem, pkey: str,
@@ -324,16 +334,30 @@ class LookupEngine:
             winners = repo.get_winners(s, dkey, todo)
         return {k: _tuned(w, dkey, k) for k, w in winners.items()}
 
+    def _resolve(self, device: Device, dkey: str, problems: dict[str, Problem],
+                 provisional: set[str]) -> dict[str, Lookup]:
+        """Every answer of ``problems`` (by key) on one device, from the database (exact
+        matches in one read transaction, then the nearest index and the model for the rest)."""
+        found = self._exact(dkey, list(problems))
+        rest = [k for k in problems if k not in found]
+        if rest:
+            found.update(self._inexact(device, dkey, problems, rest, provisional))
+        return found
+
     def _inexact(self, device: Device, dkey: str, by_key: dict[str, Problem], rest: list[str],
                  provisional: set[str]) -> dict[str, Lookup]:
         """Nearest, else model, else default; the keys answered without asking the model (its
         time budget spent) are added to `provisional`."""
         out: dict[str, Lookup] = {}
         with self.database.session(read_only=True) as s:
-            for k in rest:
-                got = self._nearest(s, device, dkey, by_key[k], k)
-                if got is not None:
-                    out[k] = got
+            # every shape's neighbours from the in-memory index, then all their winners at once
+            near = self.nearest.neighbors(s, dkey, [(k, by_key[k]) for k in rest])
+            wanted = list(dict.fromkeys(n for ns in near.values() for n, _ in ns))
+            winners = repo.get_winners(s, dkey, wanted) if wanted else {}
+        for k in rest:
+            got = self._nearest(by_key[k], k, dkey, near[k], winners)
+            if got is not None:
+                out[k] = got
         deadline = time.monotonic() + self.model_budget_seconds
         for k in rest:
             if k not in out:
@@ -380,21 +404,18 @@ class LookupEngine:
     async def run(self, device: Device, problems: Sequence[Problem],
                   known: Keys | None = None) -> list[Lookup]:
         """Answers in the order asked; repeated problems are looked up once. Cached answers in
-        the event loop; the exact matches of single lookups coalesced (:class:`_Coalescer`), of
-        a batch in one read transaction (one round trip with ``repository.get_winners``); both,
-        and nearest-shape searches, in the thread pool."""
+        the event loop; uncached single lookups coalesced (:class:`_Coalescer`), a batch's
+        together (:meth:`_resolve`: exact matches in one read transaction, the others from the
+        nearest index and the model), in the thread pool."""
         epoch = self._epoch
         now, dkey, keys, by_key, answers, todo = self._start(device, problems, known)
         provisional: set[str] = set()
-        if todo:
-            if len(todo) == 1:
-                got = await self._coalescer.get(dkey, todo[0])
-                if got is not None:
-                    answers[todo[0]] = got
-            else:
-                answers.update(await run_in_threadpool(self._exact, dkey, todo))
-            rest = [k for k in todo if k not in answers]
-            if rest:
-                answers.update(await run_in_threadpool(self._inexact, device, dkey, by_key, rest,
-                                                       provisional))
+        if len(todo) == 1:
+            k = todo[0]
+            answers[k], late = await self._coalescer.get(device, dkey, k, by_key[k])
+            if late:
+                provisional.add(k)
+        elif todo:
+            answers.update(await run_in_threadpool(self._resolve, device, dkey,
+                                                   {k: by_key[k] for k in todo}, provisional))
         return self._finish(device, dkey, keys, by_key, answers, todo, now, provisional, epoch)
