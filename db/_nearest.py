@@ -121,3 +121,27 @@ def tuned_group(
         .order_by(p.id)
     )
     return [tuple(r) for r in s.connection().execute(stmt)]  # type: ignore[misc]
+
+
+def tuned_groups(s: Session) -> list[tuple[str, str, str, int]]:
+    """Every ``(device key, pattern, dtype, mesh size)`` that has a winner: the groups an
+    in-memory nearest index may read in advance."""
+    p, w, d = Problem.__table__.c, Winner.__table__.c, Device.__table__.c
+    stmt = (
+        select(d.key, p.pattern, p.dtype, p.mesh_size).distinct()
+        .select_from(Winner.__table__)
+        .join(Problem.__table__, p.id == w.problem_id)
+        .join(Device.__table__, d.id == w.device_id)
+        .order_by(d.key, p.pattern, p.dtype, p.mesh_size)
+    )
+    return [tuple(r) for r in s.connection().execute(stmt)]  # type: ignore[misc]
+
+
+def problem_groups(s: Session, problem_keys: list[str]) -> dict[str, tuple[str, str, int]]:
+    """``{problem key: (pattern, dtype, mesh size)}`` of the stored problems among the keys."""
+    p = Problem.__table__.c
+    out: dict[str, tuple[str, str, int]] = {}
+    for lo in range(0, len(problem_keys), 500):
+        stmt = select(p.key, p.pattern, p.dtype, p.mesh_size).where(p.key.in_(problem_keys[lo:lo + 500]))
+        out.update({r[0]: (r[1], r[2], r[3]) for r in s.connection().execute(stmt)})
+    return out

@@ -35,7 +35,7 @@ from db._catalog import (
 from db._changes import Changes, changes_since, current_generation, note_change
 from db._common import named_lock
 from db._listing import SORT_KEYS, list_problems
-from db._nearest import nearest_winners, tuned_group
+from db._nearest import nearest_winners, problem_groups, tuned_group, tuned_groups
 from db._queue import (
     claim_job,
     enqueue_job,
@@ -96,6 +96,7 @@ __all__ = [
     "log_feature",
     "nearest_winners",
     "optuna_storage_url",
+    "problem_groups",
     "record_measurements",
     "record_miss",
     "record_misses",
@@ -103,6 +104,7 @@ __all__ = [
     "revoke_token",
     "token_hash",
     "tuned_group",
+    "tuned_groups",
     "upsert_device",
     "upsert_problem",
     *_stats.__all__,

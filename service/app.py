@@ -19,7 +19,7 @@ from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
 from autotuner.settings import Settings, get_settings
-from db import Database
+from db import Database, StorageError
 from service import errors
 from service.coherence import ChangeWatcher
 from service.deps import ServiceState
@@ -98,6 +98,10 @@ def create_app(settings: Settings | None = None, *, database: Database | None = 
         await run_in_threadpool(_warm_up)
         lookups.demand.start()
         await run_in_threadpool(watcher.start)
+        try:
+            await run_in_threadpool(lookups.nearest.preload)  # read in the background
+        except StorageError as e:  # e.g. not migrated (check_schema=False): read when asked
+            log.warning("nearest-shape index not preloaded: %s", e)
         try:
             yield
         finally:

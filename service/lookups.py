@@ -278,8 +278,7 @@ class LookupEngine:
             self._tuned, self._fallback = {}, {}
             self.nearest.drop()
             return
-        for dkey in {d for d, _ in changes}:
-            self.nearest.drop(dkey)
+        self.nearest.changed(changes)
         for dkey, pkey in changes:
             self._fallback.pop(dkey, None)
             if pkey is not None:

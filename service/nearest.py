@@ -2,11 +2,12 @@
 features of every tuned problem as one numpy array, so a lookup of an untuned shape (and a
 batch of them) costs a vectorised distance computation, not a database search.
 
-A group is read (``repository.tuned_group``, one indexed query) the first time a shape of it is
-asked about - by a background thread, while the asking lookups are answered by the database
-search (``repository.nearest_winners``) - and dropped when a winner of its device changes
-(:meth:`NearestIndex.drop`, called from the engine's invalidation), to be read again the same
-way. The answers are the same either way: Euclidean distance over log2 of (m, n, k, b),
+Every group with a winner is read at startup (:meth:`NearestIndex.preload`;
+``repository.tuned_group``, one indexed query each) by a background thread, and a group not
+read yet the first time a shape of it is asked about; until it is read, the lookups of that
+group are answered by the database search (``repository.nearest_winners``). When a winner of a
+device changes (:meth:`NearestIndex.drop`, called from the engine's invalidation) its groups
+are dropped and read again the same way. The answers are the same either way: Euclidean distance over log2 of (m, n, k, b),
 within the maximum distance, the problem itself left out, closest first, ties by lower
 problem id.
 """
@@ -54,29 +55,69 @@ class NearestIndex:
         self.database = database
         self._groups: dict[GroupKey, Group] = {}
         self._lock = threading.Lock()
-        self._version = 0  # +1 on every drop: a group read before a drop is not kept after it
+        # +1 on every drop (all groups / one group): a group read before its drop is not kept
+        self._epoch = 0
+        self._dropped: dict[GroupKey, int] = {}
         self._queued: set[GroupKey] = set()
         self._queue: queue.Queue[GroupKey | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         self.loads = 0
 
-    def drop(self, device_key: str | None = None) -> None:
-        """Forget the groups of a device (all when None): they are read again when needed."""
-        with self._lock:
-            self._version += 1
-            if device_key is None:
-                self._groups = {}
-            else:
-                self._groups = {k: g for k, g in self._groups.items() if k[0] != device_key}
+    def _version(self, key: GroupKey) -> tuple[int, int]:
+        return self._epoch, self._dropped.get(key, 0)
 
-    def _read(self, s: Session, key: GroupKey, version: int) -> Group:
+    def drop(self, device_key: str | None = None, groups: set[GroupKey] | None = None) -> None:
+        """Forget some groups - ``groups``, else the device's, else all - and, with a database,
+        read them again in the background at once (until then the database search answers
+        for them)."""
+        with self._lock:
+            if device_key is None and groups is None:
+                self._epoch += 1
+                gone = list(self._groups)
+            else:
+                gone = [k for k in self._groups if k in groups] if groups is not None \
+                    else [k for k in self._groups if k[0] == device_key]
+                for k in (groups if groups is not None else gone):
+                    self._dropped[k] = self._dropped.get(k, 0) + 1
+            self._groups = {k: g for k, g in self._groups.items() if k not in gone}
+        if self.database is not None:
+            for key in gone:
+                self._request(key)
+
+    def changed(self, changes: Sequence[tuple[str, str | None]]) -> None:
+        """Drop the groups that changed winners belong to (a device's all for a None problem)."""
+        whole = {d for d, p in changes if p is None}
+        pkeys = sorted({p for d, p in changes if p is not None and d not in whole})
+        for d in whole:
+            self.drop(d)
+        if not pkeys:
+            return
+        if self.database is None:
+            for d in {d for d, p in changes if p is not None}:
+                self.drop(d)
+            return
+        with self.database.session(read_only=True) as s:
+            found = repo.problem_groups(s, pkeys)
+        self.drop(groups={(d, *found[p]) for d, p in changes if p in found and d not in whole})
+
+    def preload(self) -> int:
+        """Ask the background thread to read every group that has a winner (the service does
+        at startup); returns how many."""
+        assert self.database is not None
+        with self.database.session(read_only=True) as s:
+            keys = repo.tuned_groups(s)
+        for key in keys:
+            self._request(key)
+        return len(keys)
+
+    def _read(self, s: Session, key: GroupKey, version: tuple[int, int]) -> Group:
         dkey, pattern, dtype, mesh_size = key
         rows = repo.tuned_group(s, dkey, pattern=pattern, dtype=dtype, mesh_size=mesh_size)
         got = Group(ids=np.array([r[0] for r in rows], dtype=np.int64), keys=[r[1] for r in rows],
                     features=np.array([r[2:] for r in rows], dtype=np.float64).reshape(-1, 4))
         with self._lock:
             self.loads += 1
-            if version == self._version:
+            if version == self._version(key):
                 self._groups[key] = got
         return got
 
@@ -95,7 +136,7 @@ class NearestIndex:
         assert self.database is not None
         while (key := self._queue.get()) is not None:
             try:
-                version = self._version  # before the session's first read (its snapshot)
+                version = self._version(key)  # before the session's first read (its snapshot)
                 with self.database.session(read_only=True) as s:
                     self._read(s, key, version)
             except Exception:  # noqa: BLE001 - the lookups fall back to the database search
@@ -122,16 +163,17 @@ class NearestIndex:
         first; the problems of one group in one array operation (of a group not read yet: the
         database search in ``s``, and the group is read in the background). Call it before
         anything else reads in ``s``'s transaction."""
-        version = self._version  # before the session's first read (its snapshot)
+        versions = {}  # before the session's first read (its snapshot)
         by_group: dict[GroupKey, list[tuple[str, Problem]]] = {}
         for pkey, p in problems:
             gk = (device_key, p.pattern.label, p.dtype, p.axis_size)
             by_group.setdefault(gk, []).append((pkey, p))
+            versions[gk] = self._version(gk)
         out: dict[str, Found] = {}
         for gk, members in by_group.items():
             group = self._groups.get(gk)
             if group is None and self.database is None:
-                group = self._read(s, gk, version)
+                group = self._read(s, gk, versions[gk])
             if group is None:
                 self._request(gk)
                 out.update({pkey: self._search(s, device_key, pkey, p) for pkey, p in members})

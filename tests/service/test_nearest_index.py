@@ -75,3 +75,27 @@ def test_a_group_not_read_yet_is_searched_in_the_database_meanwhile(db_url):
             assert index.loads == 1 and [k for k, _ in first[near.key]] == [p.key]
         finally:
             index.close()
+
+
+def test_preload_and_a_change_rereads_only_its_group(db_url):
+    device = Device.from_dict(DEVICE)
+    ag, rs = Problem.from_dict(problem()), Problem.from_dict(problem(kind="rs"))
+    with Database(db_url) as database:
+        for p in (ag, rs):
+            store.save(database, device, p, _items(measurements(1.25)))
+        index = NearestIndex(max_distance=2.0, database=database)
+        try:
+            assert index.preload() == 2
+            index.wait()
+            assert index.loads == 2
+            new = Problem.from_dict(problem(m=4096))  # same group as `ag`
+            store.save(database, device, new, _items(measurements(1.25)))
+            index.changed([(device.key, new.key)])
+            index.wait()
+            assert index.loads == 3  # the ag group only
+            asked = Problem.from_dict(problem(m=8192))
+            with database.session(read_only=True) as s:
+                got = index.neighbors(s, device.key, [(asked.key, asked)])[asked.key]
+            assert [k for k, _ in got] == [new.key, ag.key] and index.loads == 3
+        finally:
+            index.close()
