@@ -10,7 +10,9 @@ all read the same fields the same way. Fields:
 - ``AUTOTUNER_WRITE_TOKENS`` / ``AUTOTUNER_READ_TOKENS``: comma-separated bearer tokens
   (in addition to the tokens table).
 - ``AUTOTUNER_MAX_BODY_BYTES``, ``AUTOTUNER_MAX_BATCH``, ``AUTOTUNER_LEASE_SECONDS``: limits.
-- ``AUTOTUNER_LOOKUP_CACHE_SECONDS`` (5), ``AUTOTUNER_NEAREST_MAX_DISTANCE`` (2): lookups.
+- ``AUTOTUNER_LOOKUP_CACHE_SECONDS`` (3600), ``AUTOTUNER_LOOKUP_POLL_SECONDS`` (0.2),
+  ``AUTOTUNER_NEAREST_MAX_DISTANCE`` (2): lookups (a service process keeps an answer until a
+  winner it depends on changes, which it learns within the poll interval, or at most that long).
 - ``AUTOTUNER_SERVICE_URL`` / ``AUTOTUNER_SERVICE_TOKEN``: the service clients ask by default.
 """
 
@@ -116,7 +118,9 @@ class Settings(BaseSettings):
     lease_seconds: float = Field(default=300.0, gt=0)
     # service: how long a worker keeps a lookup answer; how far (log2-shape distance) a
     # tuned neighbour may be for a `nearest` answer
-    lookup_cache_seconds: float = Field(default=5.0, ge=0)
+    # (a backstop: every process learns of changed winners within lookup_poll_seconds)
+    lookup_cache_seconds: float = Field(default=3600.0, ge=0)
+    lookup_poll_seconds: float = Field(default=0.2, gt=0, le=60)
     nearest_max_distance: float = Field(default=2.0, ge=0)
     # per request: how long the cost model may predict for untuned shapes (the rest: default)
     model_budget_seconds: float = Field(default=2.0, ge=0)

@@ -184,6 +184,7 @@ def _fill_bulk(database: Any, device: Device, todo: list[Problem], seed: int,
                               "measurement_ids": list(c.measurement_ids), "trials": c.trials,
                               "created_at": now, "updated_at": now})
             s.execute(insert(WinnerRow.__table__), wrows)
+            repo.note_change(s, device.key)  # running services drop their answers for the device
             if database.dialect == "postgresql":  # the sequences must know the explicit ids
                 for table in ("problems", "measurements", "winners"):
                     s.execute(text(f"SELECT setval(pg_get_serial_sequence('{table}', 'id'), "

@@ -1,8 +1,10 @@
 """Load benchmark of the lookup service: lookups/s and latency percentiles.
 
-    python bench/load.py --db /tmp/bench.db [--db postgresql+psycopg://...] [--fill 100000]
+    python bench/load.py [--db /tmp/bench.db --db postgresql+psycopg://...] [--fill 100000]
 
-For each database: fill it to ``--fill`` tuned problems if it has fewer (``bench/fill_db.py``),
+Without ``--db``: SQLite (``/tmp/autotuner-bench/bench.db``) and PostgreSQL (started and
+prepared as the tests do it, by ``scripts/ci_services.sh``, database ``autotuner_bench``), one
+after the other, and at the end the summary table of issue 16 with both. For each database: fill it to ``--fill`` tuned problems if it has fewer (``bench/fill_db.py``),
 start ``uvicorn service.app:app`` on 127.0.0.1 (``--workers``, access log off), then measure
 
 - single lookups of tuned problems (drawn uniformly from all of them, so the service's
@@ -14,7 +16,9 @@ start ``uvicorn service.app:app`` on 127.0.0.1 (``--workers``, access log off), 
   (``AUTOTUNER_LOOKUP_CACHE_SECONDS``);
 - batch lookups of ``--batch`` (500) tuned problems, one at a time, each batch new (disjoint
   batches over all the tuned problems, so none is answered from the answer cache);
-- single lookups of problems that were never tuned (nearest-shape search + demand), flat out;
+- single lookups of problems that were never tuned (nearest tuned shape or cost model, and
+  demand), flat out, each problem new to the server at first: after a warm-up on other
+  untuned problems of the same groups, so the in-memory nearest index is read;
 - the client's in-process cache hit (`autotuner.runtime.client.Client.lookup`), in this process.
 
 The load generator runs in this process (one core's worth at most) on the same 2-core machine
@@ -35,6 +39,7 @@ import json
 import os
 import random
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
@@ -249,9 +254,10 @@ def run_db(url: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     device = fill_db.bench_device()
     tuned = list(fill_db.problems(args.fill))
     tuned_keys = {p.key for p in tuned}
-    untuned = [p for p in fill_db.problems(2000, seed=987654) if p.key not in tuned_keys][:1000]
+    untuned = [p for p in fill_db.problems(3000, seed=987654) if p.key not in tuned_keys][:2000]
     single = bodies_for(tuned, device.to_dict())
-    misses = bodies_for(untuned, device.to_dict())
+    misses = bodies_for(untuned[:1000], device.to_dict())
+    misses_warm = bodies_for(untuned[1000:], device.to_dict())
     # disjoint batches over every tuned problem, in a random order: each batch is answered from
     # the database, not from the service's answer cache
     order = list(tuned)
@@ -292,6 +298,8 @@ def run_db(url: str, args: argparse.Namespace) -> list[dict[str, Any]]:
                 batch = Phase(f"batch of {args.batch}", items=args.batch)
                 await measured(batch, closed_loop(pool, batches, "/v1/lookup/batch", args.seconds, 1, batch,
                                                   in_order=True))
+                await closed_loop(pool, misses_warm, "/v1/lookup", 2.0, args.concurrency,
+                                  Phase("warm-up untuned"))
                 miss = Phase("single untuned (nearest+demand)")
                 await measured(miss, closed_loop(pool, misses, "/v1/lookup", min(args.seconds, 3.0),
                                                  args.concurrency, miss))
@@ -342,10 +350,59 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+BENCH_SQLITE = "/tmp/autotuner-bench/bench.db"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def postgres_url() -> str:
+    """A PostgreSQL database for the benchmark: started and created by scripts/ci_services.sh
+    (as for the tests), database ``autotuner_bench``."""
+    env = {**os.environ, "AUTOTUNER_CI_PG_DB": "autotuner_bench"}
+    done = subprocess.run(["bash", "-c", 'source scripts/ci_services.sh && printf %s "$AUTOTUNER_TEST_PG_URL"'],
+                          cwd=ROOT, env=env, capture_output=True, text=True)
+    if done.returncode != 0 or not done.stdout.startswith("postgresql"):
+        tail = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise SystemExit(f"load.py: could not start PostgreSQL with scripts/ci_services.sh ({tail}); "
+                         "pass --db URL for each database to use instead")
+    return done.stdout
+
+
+def summary(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
+    """Issue 16's table (markdown), one column per database."""
+    fixed, batch = f"single, {args.rate:g}/s offered", f"batch of {args.batch}"
+    figures = [  # (figure, target, how it is read from one database's phases)
+        ("single lookups/s, flat out", ">= 4000",
+         lambda r: f"{r['single, flat out']['lookups_per_s']:.0f}"),
+        (f"p99 at an offered {args.rate:g}/s", "<= 10 ms", lambda r: f"{r[fixed]['p99_ms']:.1f} ms"),
+        (f"batch of {args.batch}: p50 / p99", "<= 30 / 100 ms",
+         lambda r: f"{r[batch]['p50_ms']:.0f} / {r[batch]['p99_ms']:.0f} ms"),
+        ("untuned (fallback) lookups/s", ">= 1000",
+         lambda r: f"{r['single untuned (nearest+demand)']['lookups_per_s']:.0f}"),
+        ("client cache hit (in-process)", "<= 20 us",
+         lambda r: f"{next(v for k, v in r.items() if k.startswith('client'))['p50_ms'] * 1e3:.1f} us"),
+        ("server CPU per uncached single lookup", "(none)",
+         lambda r: f"{r['single, flat out']['server_cpu_us_per_lookup']:.0f} us"),
+    ]
+    by_db: dict[str, dict[str, dict[str, Any]]] = {}
+    for r in rows:
+        by_db.setdefault(r["db"], {})[r["phase"]] = r
+    lines = ["| figure | target | " + " | ".join(by_db) + " |", "|---|---|" + "---|" * len(by_db)]
+    for figure, target, read in figures:
+        cells = []
+        for phases in by_db.values():
+            try:
+                cells.append(read(phases))
+            except (KeyError, StopIteration):
+                cells.append("-")
+        lines.append(f"| {figure} | {target} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--db", action="append", required=True,
-                    help="database URL or SQLite file; repeat for several (e.g. SQLite and PostgreSQL)")
+    ap.add_argument("--db", action="append",
+                    help="database URL or SQLite file; repeat for several (default: SQLite "
+                         f"{BENCH_SQLITE} and PostgreSQL via scripts/ci_services.sh)")
     ap.add_argument("--fill", type=int, default=100_000, help="tuned problems the database must hold")
     ap.add_argument("--workers", type=int, default=2, help="uvicorn worker processes")
     ap.add_argument("--seconds", type=float, default=5.0, help="duration of each phase")
@@ -358,6 +415,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print the rows as JSON lines too")
     args = ap.parse_args(argv)
 
+    if not args.db:
+        Path(BENCH_SQLITE).parent.mkdir(parents=True, exist_ok=True)
+        args.db = [BENCH_SQLITE, postgres_url()]
     rows = []
     load_before = os.getloadavg()
     for url in args.db:
@@ -367,6 +427,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"load benchmark: {args.workers} uvicorn workers, {os.cpu_count()} CPUs, client {args.client}, "
           f"{args.concurrency} in flight, {args.seconds:g} s per phase, {args.fill} tuned problems")
     print(table(rows))
+    print()
+    print(summary(rows, args))
     if args.json:
         for r in rows:
             print(json.dumps(r))

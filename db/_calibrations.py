@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from db._changes import note_change
 from db._common import check_values, now_utc, text_field
 from db._convert import calibration_record
 from db.errors import NotFoundError
@@ -34,6 +35,7 @@ def add_calibration(s: Session, device_id: int, *, created_at: datetime | None =
     row = Calibration(device_id=device_id, **copy.deepcopy(values), created_at=now_utc(created_at))
     s.add(row)
     s.flush()
+    note_change(s, device.key)  # the model's answers for this device may change
     return calibration_record(row, device.key)
 
 

@@ -102,3 +102,46 @@ def nearest_winners(
             )
         )
     return out
+
+
+def tuned_group(
+    s: Session, device_key: str, *, pattern: str, dtype: str, mesh_size: int
+) -> list[tuple[int, str, float, float, float, float]]:
+    """``(problem id, problem key, lm, ln, lk, lb)`` of every problem of one (pattern, dtype,
+    mesh size) group that has a winner on this device, by problem id: what an in-memory
+    nearest-shape index of the group holds (the service's :mod:`service.nearest`). One query,
+    served by the (pattern, dtype, mesh_size, ...) index and the winners' unique index."""
+    p, w = Problem.__table__.c, Winner.__table__.c  # Core: plain rows, no ORM layer (8k rows)
+    device_id = select(Device.__table__.c.id).where(Device.__table__.c.key == device_key).scalar_subquery()
+    stmt = (
+        select(p.id, p.key, p.lm, p.ln, p.lk, p.lb)
+        .join(Winner.__table__, w.problem_id == p.id)
+        .where(w.device_id == device_id, p.pattern == pattern, p.dtype == dtype,
+               p.mesh_size == mesh_size)
+        .order_by(p.id)
+    )
+    return [tuple(r) for r in s.connection().execute(stmt)]  # type: ignore[misc]
+
+
+def tuned_groups(s: Session) -> list[tuple[str, str, str, int]]:
+    """Every ``(device key, pattern, dtype, mesh size)`` that has a winner: the groups an
+    in-memory nearest index may read in advance."""
+    p, w, d = Problem.__table__.c, Winner.__table__.c, Device.__table__.c
+    stmt = (
+        select(d.key, p.pattern, p.dtype, p.mesh_size).distinct()
+        .select_from(Winner.__table__)
+        .join(Problem.__table__, p.id == w.problem_id)
+        .join(Device.__table__, d.id == w.device_id)
+        .order_by(d.key, p.pattern, p.dtype, p.mesh_size)
+    )
+    return [tuple(r) for r in s.connection().execute(stmt)]  # type: ignore[misc]
+
+
+def problem_groups(s: Session, problem_keys: list[str]) -> dict[str, tuple[str, str, int]]:
+    """``{problem key: (pattern, dtype, mesh size)}`` of the stored problems among the keys."""
+    p = Problem.__table__.c
+    out: dict[str, tuple[str, str, int]] = {}
+    for lo in range(0, len(problem_keys), 500):
+        stmt = select(p.key, p.pattern, p.dtype, p.mesh_size).where(p.key.in_(problem_keys[lo:lo + 500]))
+        out.update({r[0]: (r[1], r[2], r[3]) for r in s.connection().execute(stmt)})
+    return out

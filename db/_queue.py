@@ -271,6 +271,34 @@ def record_miss(
     return demand_record(row)
 
 
+def record_misses(
+    s: Session,
+    misses: list[tuple[str, dict[str, Any], str, dict[str, Any], int]],
+    now: datetime | None = None,
+) -> int:
+    """Count many lookup misses at once: ``(device_key, device_json, problem_key,
+    problem_canonical, count)`` each, as :func:`record_miss` would ``count`` times (one upsert
+    per (device, problem), nothing read back). Returns how many misses were counted."""
+    ts = now_utc(now)
+    rows = []
+    for device_key, device_json, problem_key, canonical, count in misses:
+        if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+            raise ValueError(f"count must be an integer >= 1, not {count!r}")
+        values = check_values(_MISSED, {"device_key": device_key, "device": device_json,
+                                        "problem_key": problem_key, "problem": canonical})
+        rows.append({**values, "count": count, "first_seen": ts, "last_seen": ts})
+    if not rows:
+        return 0
+    table = Demand.__table__
+    stmt = insert(s, table)
+    stmt = stmt.on_conflict_do_update(  # Core, one statement executed for every row
+        index_elements=["device_key", "problem_key"],
+        set_={"count": table.c.count + stmt.excluded.count, "last_seen": stmt.excluded.last_seen},
+    )
+    s.connection().execute(stmt, rows)
+    return sum(r["count"] for r in rows)
+
+
 def list_demand(
     s: Session,
     limit: int = 50,

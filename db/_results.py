@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy import and_, bindparam, delete, select
 from sqlalchemy.orm import Session
 
+from db._changes import note_change
 from db._common import check_value, check_values, dialect, insert, utcnow
 from db._convert import measurement_record, winner_record
 from db.errors import NotFoundError
@@ -112,6 +113,7 @@ def recompute_winner(
     measurements = list_measurements(s, problem_id, device_id)
     choice = rule(measurements)
     pair = and_(Winner.device_id == device_id, Winner.problem_id == problem_id)
+    note_change(s, device_key, problem_key)  # the caches of every process learn it (db._changes)
     if choice is None:
         s.execute(delete(Winner).where(pair).execution_options(synchronize_session=False))
         return None

@@ -25,6 +25,7 @@ from typing import Any
 
 from sqlalchemy import (
     JSON,
+    BigInteger,
     CheckConstraint,
     DateTime,
     Double,
@@ -66,12 +67,14 @@ __all__ = [
     "Demand",
     "Device",
     "Failure",
+    "Generation",
     "Measurement",
     "Problem",
     "Token",
     "TuningJob",
     "UTCDateTime",
     "Winner",
+    "WinnerChange",
     "utcnow",
 ]
 
@@ -288,3 +291,30 @@ class Calibration(Base, record=CalibrationRecord):
     __table_args__ = (Index(None, "device_id", "model", "created_at"),)
 
     device_id: Mapped[int] = _parent("devices")
+
+
+class Generation(Base):
+    """The winners' generation counter: one row (id 1), incremented once by every transaction
+    that changes a winner or a calibration (:mod:`db._changes`). Taking its row lock last in
+    such a transaction orders the generations as the commits, so a reader that has seen
+    generation g has seen every change up to g."""
+
+    __tablename__ = "generation"
+    __table_args__ = (CheckConstraint("id = 1", name="one_row"),)
+
+    id: Mapped[int] = mapped_column(Integer(), primary_key=True)
+    value: Mapped[int] = mapped_column(BigInteger())
+
+
+class WinnerChange(Base):
+    """What changed in one generation: a (device, problem) whose winner was written, or a
+    device whose every answer may change (``problem_key`` null, e.g. a new calibration).
+    Only the latest rows are kept (:data:`db._changes.KEEP_GENERATIONS` generations)."""
+
+    __tablename__ = "winner_changes"
+    __table_args__ = (Index(None, "generation"),)
+
+    id: Mapped[int] = mapped_column(Integer(), primary_key=True)
+    generation: Mapped[int] = mapped_column(BigInteger())
+    device_key: Mapped[str] = mapped_column(String(KEY_LEN))
+    problem_key: Mapped[str | None] = mapped_column(String(KEY_LEN))

@@ -32,10 +32,11 @@ from db._catalog import (
     upsert_device,
     upsert_problem,
 )
+from db._changes import Changes, changes_since, current_generation, note_change
 from db._common import named_lock
 from db._failures import clear_failure, list_failures, record_failure
 from db._listing import SORT_KEYS, list_problems
-from db._nearest import nearest_winners
+from db._nearest import nearest_winners, problem_groups, tuned_group, tuned_groups
 from db._queue import (
     claim_job,
     enqueue_job,
@@ -45,6 +46,7 @@ from db._queue import (
     list_demand,
     list_jobs,
     record_miss,
+    record_misses,
 )
 from db._results import (
     get_winner,
@@ -60,13 +62,16 @@ from db.optuna_storage import OPTUNA_SCHEMA, ensure_optuna_schema, optuna_storag
 from db.rule import choose_winner
 
 __all__ = [
+    "Changes",
     "OPTUNA_SCHEMA",
     "SORT_KEYS",
     "add_calibration",
     "add_token",
+    "changes_since",
     "check_token",
     "choose_winner",
     "clear_failure",
+    "current_generation",
     "claim_job",
     "enqueue_job",
     "ensure_optuna_schema",
@@ -87,6 +92,7 @@ __all__ = [
     "list_jobs",
     "list_measurements",
     "named_lock",
+    "note_change",
     "list_problems",
     "list_tokens",
     "list_winners",
@@ -94,11 +100,15 @@ __all__ = [
     "nearest_winners",
     "optuna_storage_url",
     "record_failure",
+    "problem_groups",
     "record_measurements",
     "record_miss",
+    "record_misses",
     "recompute_winner",
     "revoke_token",
     "token_hash",
+    "tuned_group",
+    "tuned_groups",
     "upsert_device",
     "upsert_problem",
     *_stats.__all__,

@@ -3,8 +3,9 @@
 ``app`` is built on first access from the environment (``AUTOTUNER_*``, see
 ``autotuner.settings.Settings``), so importing this module has no side effects. On startup the app
 checks that the database is at the expected schema revision (``autotuner db upgrade`` fixes
-it), warms up what lookups import, and starts the demand writer; on shutdown it writes the
-remaining misses and closes the engine.
+it), warms up what lookups import, and starts the demand writer and the watcher of changed
+winners (:mod:`service.coherence`); on shutdown it stops the watcher, writes the remaining
+misses and closes the engine.
 """
 
 from __future__ import annotations
@@ -18,9 +19,11 @@ from fastapi import FastAPI
 from starlette.concurrency import run_in_threadpool
 
 from autotuner.settings import Settings, get_settings
-from db import Database
+from db import Database, StorageError
 from service import errors
+from service.coherence import ChangeWatcher
 from service.deps import ServiceState
+from service.fastpath import LookupFastPath
 from service.fields import ParseMemo, ParseMemoMiddleware
 from service.limits import BodyLimitMiddleware
 from service.lookups import LookupEngine
@@ -46,6 +49,19 @@ def _warm_up() -> None:
     import autotuner.strategies  # noqa: F401
 
 
+class ServiceApp(FastAPI):
+    """The FastAPI app, whose lookups go through :class:`service.fastpath.LookupFastPath`
+    first (in front of every middleware; what it does not answer, FastAPI does)."""
+
+    fast_path: LookupFastPath | None = None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if self.fast_path is not None:
+            await self.fast_path(scope, receive, send)
+        else:
+            await super().__call__(scope, receive, send)
+
+
 def create_app(settings: Settings | None = None, *, database: Database | None = None,
                model: ModelFn | None = None, check_schema: bool = True) -> FastAPI:
     """The service for ``settings`` (default: from the environment).
@@ -69,6 +85,7 @@ def create_app(settings: Settings | None = None, *, database: Database | None = 
                            nearest_max_distance=settings.nearest_max_distance, model=model,
                            model_budget_seconds=settings.model_budget_seconds,
                            parse_memo=parse_memo)
+    watcher = ChangeWatcher(db, lookups.invalidate, interval=settings.lookup_poll_seconds)
     from service import dashboard  # the HTML pages at / (not in the OpenAPI schema)
 
     state = ServiceState(settings=settings, database=db, lookups=lookups, metrics=metrics,
@@ -80,14 +97,21 @@ def create_app(settings: Settings | None = None, *, database: Database | None = 
             await run_in_threadpool(db.check_schema)
         await run_in_threadpool(_warm_up)
         lookups.demand.start()
+        await run_in_threadpool(watcher.start)
+        try:
+            await run_in_threadpool(lookups.nearest.preload)  # read in the background
+        except StorageError as e:  # e.g. not migrated (check_schema=False): read when asked
+            log.warning("nearest-shape index not preloaded: %s", e)
         try:
             yield
         finally:
+            await run_in_threadpool(watcher.close)
+            await run_in_threadpool(lookups.nearest.close)
             await run_in_threadpool(lookups.demand.close)
             if own_db:
                 db.dispose()
 
-    app = FastAPI(title="overlap-autotuner", version=VERSION, description=DESCRIPTION,
+    app = ServiceApp(title="overlap-autotuner", version=VERSION, description=DESCRIPTION,
                   lifespan=lifespan)
     app.state.autotuner = state
     errors.install(app)
@@ -97,6 +121,7 @@ def create_app(settings: Settings | None = None, *, database: Database | None = 
     app.add_middleware(ParseMemoMiddleware, memo=parse_memo)
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=metrics)  # outermost: counts the 413s too
+    app.fast_path = LookupFastPath(super(ServiceApp, app).__call__, state)
     return app
 
 

@@ -9,8 +9,11 @@
 - ``default``: the baseline.
 
 Exact matches are looked up in one read transaction per batch request, and the single lookups
-that arrive while one is running are answered together (:class:`_Coalescer`). Answers are kept for ``settings.lookup_cache_seconds`` (per process; a result posted to this
-process drops its entry at once, other workers see it within that time). Every answer that is
+that arrive while one is running are answered together (:class:`_Coalescer`). Answers are
+kept until a winner they depend on changes (:meth:`LookupEngine.invalidate`, called by
+:class:`service.coherence.ChangeWatcher` within ``settings.lookup_poll_seconds`` of a change
+made by any process; a result posted to this process drops its entries at once), at most
+``settings.lookup_cache_seconds``. Every answer that is
 not ``tuned`` counts one miss: misses are buffered and written by a background thread every
 ``DEMAND_FLUSH_SECONDS`` (once the app has started; before that, synchronously), so the
 lookup path never waits for a write; ``GET /v1/demand`` flushes first.
@@ -33,6 +36,7 @@ from db import repository as repo
 from service.fields import ParseMemo
 from service.metrics import Metrics
 from service.model import ModelFn, as_answer, model_answer
+from service.nearest import NearestIndex
 from service.schemas import Lookup, evidence
 
 log = logging.getLogger("service.lookups")
@@ -105,11 +109,10 @@ class DemandRecorder:
             if not pending:
                 return 0
             try:
-                with self.database.session() as s:
-                    for (dkey, pkey), (count, device, problem) in sorted(pending.items()):
-                        canonical, device_json = problem.canonical(), device.to_dict()
-                        for _ in range(count):
-                            repo.record_miss(s, dkey, device_json, pkey, canonical)
+                with self.database.session() as s:  # one upsert per (device, problem)
+                    repo.record_misses(s, [(dkey, device.to_dict(), pkey, problem.canonical(), count)
+                                           for (dkey, pkey), (count, device, problem)
+                                           in sorted(pending.items())])
             except ValueError as e:  # invalid values never become valid: drop them
                 log.warning("dropped %d lookup misses the database refused: %s",
                             sum(v[0] for v in pending.values()), e)
@@ -146,24 +149,30 @@ class DemandRecorder:
         self.flush()
 
 
-class _Coalescer:
-    """Exact-match lookups of concurrent requests, answered together (the DataLoader pattern).
+Resolved = tuple[Lookup, bool]  # an answer, and whether it is provisional (not to be cached)
 
-    A request's key joins the pending set; one drain task at a time takes everything pending,
-    looks it up in one read transaction (one round trip with ``repository.get_winners``) in a
-    worker thread, and hands each request its answer. While that runs the event loop keeps
-    parsing requests, whose keys make up the next round: under load the batches grow by
-    themselves, at low load a lookup waits for nothing but its own query.
+
+class _Coalescer:
+    """The uncached single lookups of concurrent requests, answered together (the DataLoader
+    pattern).
+
+    A request's problem joins the pending set; one drain task at a time takes everything
+    pending and resolves it in a worker thread with ``resolve`` (exact matches in one read
+    transaction, the rest from the nearest index and the model together), and hands each
+    request its answer. While that runs the event loop keeps parsing requests, whose problems
+    make up the next round: under load the batches grow by themselves, at low load a lookup
+    waits for nothing but its own query.
     """
 
-    def __init__(self, exact: Any) -> None:
-        self._exact = exact
-        self._pending: dict[str, dict[str, list[asyncio.Future[Lookup | None]]]] = {}
+    def __init__(self, resolve: Any) -> None:
+        self._resolve = resolve
+        self._pending: dict[str, tuple[Device, dict[str, tuple[Problem, list[asyncio.Future[Resolved]]]]]] = {}
         self._draining = False
 
-    async def get(self, dkey: str, pkey: str) -> Lookup | None:
-        fut: asyncio.Future[Lookup | None] = asyncio.get_running_loop().create_future()
-        self._pending.setdefault(dkey, {}).setdefault(pkey, []).append(fut)
+    async def get(self, device: Device, dkey: str, pkey: str, problem: Problem) -> Resolved:
+        fut: asyncio.Future[Resolved] = asyncio.get_running_loop().create_future()
+        waiters = self._pending.setdefault(dkey, (device, {}))[1]
+        waiters.setdefault(pkey, (problem, []))[1].append(fut)
         if not self._draining:
             self._draining = True
             asyncio.ensure_future(self._drain())
@@ -173,21 +182,33 @@ class _Coalescer:
         try:
             while self._pending:
                 pending, self._pending = self._pending, {}
-                for dkey, waiters in pending.items():
+                for dkey, (device, waiters) in pending.items():
+                    provisional: set[str] = set()
                     try:
-                        found = await run_in_threadpool(self._exact, dkey, list(waiters))
+                        found = await run_in_threadpool(
+                            self._resolve, device, dkey, {k: p for k, (p, _) in waiters.items()},
+                            provisional)
                     except Exception as e:  # noqa: BLE001 - every waiter gets the error
-                        for futs in waiters.values():
+                        for _, futs in waiters.values():
                             for f in futs:
                                 if not f.done():
                                     f.set_exception(e)
                         continue
-                    for pkey, futs in waiters.items():
+                    for pkey, (_, futs) in waiters.items():
                         for f in futs:
                             if not f.done():
-                                f.set_result(found.get(pkey))
+                                f.set_result((found[pkey], pkey in provisional))
         finally:
             self._draining = False
+
+
+Entry = tuple[float, Lookup, bytes]
+Keys = tuple[str, Sequence[str]]  # the device's key and the problems' keys, when known
+
+
+def to_json(answer: Lookup) -> bytes:
+    """The answer's JSON, as the route's response model would write it."""
+    return answer.__pydantic_serializer__.to_json(answer)
 
 
 class LookupEngine:
@@ -208,12 +229,22 @@ class LookupEngine:
         self.model_budget_seconds = model_budget_seconds
         self.demand = demand or DemandRecorder(database)
         self.parse_memo = parse_memo or ParseMemo()  # the keys of the problems asked about
-        self._cache: dict[tuple[str, str], tuple[float, Lookup]] = {}
-        self._coalescer = _Coalescer(self._exact)
+        # tuned answers by (device key, problem key); the others (nearest/model/default, which
+        # a winner stored near them can change) by device key, then problem key
+        # (each entry: expiry, answer, the answer's JSON - serialised once, served as is)
+        self._tuned: dict[tuple[str, str], Entry] = {}
+        self._fallback: dict[str, dict[str, Entry]] = {}
+        # +1 whenever answers are dropped: an answer read from the database before a drop is
+        # not kept after it (it may predate the change that caused the drop)
+        self._epoch = 0
+        self.nearest = NearestIndex(nearest_max_distance, NEIGHBORS, database)
+        self._coalescer = _Coalescer(self._resolve)
 
     # -- cache ---------------------------------------------------------------------------------
     def _cached(self, dkey: str, pkey: str, now: float) -> Lookup | None:
-        hit = self._cache.get((dkey, pkey))
+        hit = self._tuned.get((dkey, pkey))
+        if hit is None:
+            hit = self._fallback.get(dkey, {}).get(pkey)
         if hit is None or hit[0] < now:
             return None
         return hit[1]
@@ -221,27 +252,52 @@ class LookupEngine:
     def _keep(self, answer: Lookup, now: float) -> None:
         if self.cache_seconds <= 0:
             return
-        if len(self._cache) >= CACHE_MAX:
-            self._cache.clear()
-        self._cache[(answer.device_key, answer.problem_key)] = (now + self.cache_seconds, answer)
+        entry = (now + self.cache_seconds, answer, to_json(answer))
+        if answer.source == "tuned":
+            if len(self._tuned) >= CACHE_MAX:
+                self._tuned = {}
+            self._tuned[(answer.device_key, answer.problem_key)] = entry
+        else:
+            per_device = self._fallback.setdefault(answer.device_key, {})
+            if len(per_device) >= CACHE_MAX:
+                per_device.clear()
+            per_device[answer.problem_key] = entry
 
     def forget(self, dkey: str, pkey: str) -> None:
-        self._cache.pop((dkey, pkey), None)
+        """Drop what a new winner of (device, problem) changes (see :meth:`invalidate`)."""
+        self.invalidate(((dkey, pkey),))
+
+    def invalidate(self, changes: Sequence[tuple[str, str | None]] | None) -> None:
+        """Drop the answers that changed winners affect: the tuned answer of each (device,
+        problem), every untuned answer of the device (a nearest or default answer may now
+        have a closer neighbour), every answer of the device when the problem is None;
+        everything when ``changes`` is None. Called by :class:`service.coherence.ChangeWatcher`
+        (any thread)."""
+        self._epoch += 1
+        if changes is None:
+            self._tuned, self._fallback = {}, {}
+            self.nearest.drop()
+            return
+        self.nearest.changed(changes)
+        for dkey, pkey in changes:
+            self._fallback.pop(dkey, None)
+            if pkey is not None:
+                self._tuned.pop((dkey, pkey), None)
+            else:
+                for k in [k for k in list(self._tuned) if k[0] == dkey]:
+                    self._tuned.pop(k, None)
 
     # -- answers -------------------------------------------------------------------------------
-    def _nearest(self, s: Any, device: Device, dkey: str, problem: Problem, pkey: str) -> Lookup | None:
-        f = problem.features()
-        neighbors = repo.nearest_winners(
-            s, dkey, pattern=problem.pattern.label, dtype=problem.dtype, mesh_size=problem.axis_size,
-            m=f["m"], n=f["n"], k=f["k"], b=f["b"], limit=NEIGHBORS, exclude_key=pkey,
-            max_distance=self.nearest_max_distance)
-        for nb in neighbors:  # within nearest_max_distance, closest first
-            strategy = applicable(problem, nb.winner.strategy)
+    def _nearest(self, problem: Problem, pkey: str, dkey: str, neighbors: list[tuple[str, float]],
+                 winners: dict[str, WinnerRecord]) -> Lookup | None:
+        for nkey, distance in neighbors:  # within nearest_max_distance, closest first
+            winner = winners.get(nkey)
+            strategy = applicable(problem, winner.strategy) if winner is not None else None
             if strategy is None:
                 continue
-            answer = {**evidence(nb.winner), "strategy": strategy.to_dict(), "strategy_key": strategy.key}
-            return Lookup(**answer, source="nearest", distance=round(nb.distance, 6),
-                          neighbor_key=nb.winner.problem_key, problem_key=pkey, device_key=dkey)
+            answer = {**evidence(winner), "strategy": strategy.to_dict(), "strategy_key": strategy.key}
+            return Lookup(**answer, source="nearest", distance=round(distance, 6),
+                          neighbor_key=nkey, problem_key=pkey, device_key=dkey)
         return None
 
     def _untuned(self, device: Device, dkey: str, problem: Problem, pkey: str,
@@ -253,11 +309,14 @@ class LookupEngine:
                           device_key=dkey)
         return _default(dkey, pkey)
 
-    def _start(self, device: Device, problems: Sequence[Problem]
+    def _start(self, device: Device, problems: Sequence[Problem], known: Keys | None = None
                ) -> tuple[float, str, list[str], dict[str, Problem], dict[str, Lookup], list[str]]:
         now = time.monotonic()
-        dkey = self.parse_memo.key(device)
-        keys = [self.parse_memo.key(p) for p in problems]
+        if known is not None:
+            dkey, keys = known[0], list(known[1])
+        else:
+            dkey = self.parse_memo.key(device)
+            keys = [self.parse_memo.key(p) for p in problems]
         by_key: dict[str, Problem] = dict(zip(keys, problems, strict=True))
         answers: dict[str, Lookup] = {}
         todo = []
@@ -274,16 +333,30 @@ class LookupEngine:
             winners = repo.get_winners(s, dkey, todo)
         return {k: _tuned(w, dkey, k) for k, w in winners.items()}
 
+    def _resolve(self, device: Device, dkey: str, problems: dict[str, Problem],
+                 provisional: set[str]) -> dict[str, Lookup]:
+        """Every answer of ``problems`` (by key) on one device, from the database (exact
+        matches in one read transaction, then the nearest index and the model for the rest)."""
+        found = self._exact(dkey, list(problems))
+        rest = [k for k in problems if k not in found]
+        if rest:
+            found.update(self._inexact(device, dkey, problems, rest, provisional))
+        return found
+
     def _inexact(self, device: Device, dkey: str, by_key: dict[str, Problem], rest: list[str],
                  provisional: set[str]) -> dict[str, Lookup]:
         """Nearest, else model, else default; the keys answered without asking the model (its
         time budget spent) are added to `provisional`."""
         out: dict[str, Lookup] = {}
         with self.database.session(read_only=True) as s:
-            for k in rest:
-                got = self._nearest(s, device, dkey, by_key[k], k)
-                if got is not None:
-                    out[k] = got
+            # every shape's neighbours from the in-memory index, then all their winners at once
+            near = self.nearest.neighbors(s, dkey, [(k, by_key[k]) for k in rest])
+            wanted = list(dict.fromkeys(n for ns in near.values() for n, _ in ns))
+            winners = repo.get_winners(s, dkey, wanted) if wanted else {}
+        for k in rest:
+            got = self._nearest(by_key[k], k, dkey, near[k], winners)
+            if got is not None:
+                out[k] = got
         deadline = time.monotonic() + self.model_budget_seconds
         for k in rest:
             if k not in out:
@@ -295,10 +368,11 @@ class LookupEngine:
 
     def _finish(self, device: Device, dkey: str, keys: list[str], by_key: dict[str, Problem],
                 answers: dict[str, Lookup], todo: list[str], now: float,
-                provisional: set[str]) -> list[Lookup]:
-        for k in todo:
-            if k not in provisional:
-                self._keep(answers[k], now)
+                provisional: set[str], epoch: int) -> list[Lookup]:
+        if epoch == self._epoch:  # else answers changed while these were read: keep none
+            for k in todo:
+                if k not in provisional:
+                    self._keep(answers[k], now)
         out = [answers[k] for k in keys]
         sources: dict[str, int] = {}
         misses: dict[str, tuple[Problem, int]] = {}
@@ -312,22 +386,35 @@ class LookupEngine:
             self.demand.add(device, dkey, misses)
         return out
 
-    async def run(self, device: Device, problems: Sequence[Problem]) -> list[Lookup]:
+    def json_of(self, answer: Lookup) -> bytes:
+        """``answer``'s JSON: the cached bytes when it is the cached answer, else serialised."""
+        entry = self._tuned.get((answer.device_key, answer.problem_key))
+        if entry is None:
+            entry = self._fallback.get(answer.device_key, {}).get(answer.problem_key)
+        if entry is not None and entry[1] is answer:
+            return entry[2]
+        return to_json(answer)
+
+    async def run_json(self, device: Device, problems: Sequence[Problem],
+                       known: Keys | None = None) -> list[bytes]:
+        """:meth:`run`, each answer as its JSON bytes (cached with it)."""
+        return [self.json_of(a) for a in await self.run(device, problems, known)]
+
+    async def run(self, device: Device, problems: Sequence[Problem],
+                  known: Keys | None = None) -> list[Lookup]:
         """Answers in the order asked; repeated problems are looked up once. Cached answers in
-        the event loop; the exact matches of single lookups coalesced (:class:`_Coalescer`), of
-        a batch in one read transaction (one round trip with ``repository.get_winners``); both,
-        and nearest-shape searches, in the thread pool."""
-        now, dkey, keys, by_key, answers, todo = self._start(device, problems)
+        the event loop; uncached single lookups coalesced (:class:`_Coalescer`), a batch's
+        together (:meth:`_resolve`: exact matches in one read transaction, the others from the
+        nearest index and the model), in the thread pool."""
+        epoch = self._epoch
+        now, dkey, keys, by_key, answers, todo = self._start(device, problems, known)
         provisional: set[str] = set()
-        if todo:
-            if len(todo) == 1:
-                got = await self._coalescer.get(dkey, todo[0])
-                if got is not None:
-                    answers[todo[0]] = got
-            else:
-                answers.update(await run_in_threadpool(self._exact, dkey, todo))
-            rest = [k for k in todo if k not in answers]
-            if rest:
-                answers.update(await run_in_threadpool(self._inexact, device, dkey, by_key, rest,
-                                                       provisional))
-        return self._finish(device, dkey, keys, by_key, answers, todo, now, provisional)
+        if len(todo) == 1:
+            k = todo[0]
+            answers[k], late = await self._coalescer.get(device, dkey, k, by_key[k])
+            if late:
+                provisional.add(k)
+        elif todo:
+            answers.update(await run_in_threadpool(self._resolve, device, dkey,
+                                                   {k: by_key[k] for k in todo}, provisional))
+        return self._finish(device, dkey, keys, by_key, answers, todo, now, provisional, epoch)

@@ -1,8 +1,15 @@
-"""POST /v1/lookup and /v1/lookup/batch: which strategy to use (see service.lookups)."""
+"""POST /v1/lookup and /v1/lookup/batch: which strategy to use (see service.lookups).
+
+The answers' JSON is cached with them (:meth:`service.lookups.LookupEngine.run_json`) and sent
+as is; ``X-Autotuner-Process`` names the server process that answered (its pid), so a client
+or test can tell the workers of one service apart."""
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+import json
+import os
+
+from fastapi import APIRouter, Response
 
 from service.deps import ReadAuth, StateDep
 from service.errors import invalid
@@ -11,22 +18,32 @@ from service.schemas import Lookup, LookupBatch, LookupBatchRequest, LookupReque
 
 router = APIRouter(prefix="/v1/lookup", tags=["lookup"])
 
+PROCESS_HEADER = "x-autotuner-process"
+JSON = "application/json"
+
+
+def _headers() -> dict[str, str]:
+    return {PROCESS_HEADER: str(os.getpid())}  # per call: a forked worker has its own pid
+
 
 @router.post("", response_model=Lookup, responses=responses(*READ, 413))
-async def lookup(_: ReadAuth, req: LookupRequest, state: StateDep) -> Lookup:
+async def lookup(_: ReadAuth, req: LookupRequest, state: StateDep) -> Response:
     """The strategy for one problem on one device: `tuned`, `nearest`, `model` or `default`.
     Every answer that is not `tuned` counts as tuning demand (`GET /v1/demand`)."""
-    return (await state.lookups.run(req.device, [req.problem]))[0]
+    body = (await state.lookups.run_json(req.device, [req.problem]))[0]
+    return Response(body, media_type=JSON, headers=_headers())
 
 
 @router.post("/batch", response_model=LookupBatch, responses=responses(*READ, 413))
-async def lookup_batch(_: ReadAuth, req: LookupBatchRequest, state: StateDep) -> LookupBatch:
+async def lookup_batch(_: ReadAuth, req: LookupBatchRequest, state: StateDep) -> Response:
     """Up to `AUTOTUNER_MAX_BATCH` (default 1000) problems of one device at once, answered in
     order; repeated problems are looked up once."""
     limit = state.settings.max_batch
     if len(req.problems) > limit:
         raise invalid(["body", "problems"], f"at most {limit} problems per batch, got "
                                             f"{len(req.problems)}")
-    results = await state.lookups.run(req.device, req.problems)
+    results = await state.lookups.run_json(req.device, req.problems)
     state.metrics.batch_size.observe(len(req.problems))
-    return LookupBatch(device_key=state.parse_memo.key(req.device), results=results)
+    dkey = json.dumps(state.parse_memo.key(req.device)).encode()
+    body = b'{"device_key":%s,"results":[%s]}' % (dkey, b",".join(results))
+    return Response(body, media_type=JSON, headers=_headers())

@@ -535,13 +535,13 @@ def _coalesce(app: Any, tuned: list[dict[str, Any]]) -> None:
 
     engine = app.state.autotuner.lookups
     rounds: list[list[str]] = []
-    exact = engine._coalescer._exact
+    resolve = engine._coalescer._resolve
 
-    def counted(dkey: str, keys: list[str]) -> Any:
-        rounds.append(keys)
-        return exact(dkey, keys)
+    def counted(device: Any, dkey: str, problems: dict[str, Any], provisional: set[str]) -> Any:
+        rounds.append(list(problems))
+        return resolve(device, dkey, problems, provisional)
 
-    engine._coalescer._exact = counted
+    engine._coalescer._resolve = counted
 
     async def ask(bodies: list[dict[str, Any]]) -> list[httpx.Response]:
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as h:
@@ -553,10 +553,10 @@ def _coalesce(app: Any, tuned: list[dict[str, Any]]) -> None:
     assert {r.json()["source"] for r in responses} == {"tuned"}
     assert sum(len(r) for r in rounds) <= len(tuned) and len(rounds) < len(tuned)  # together
 
-    def broken(dkey: str, keys: list[str]) -> Any:
+    def broken(*args: Any) -> Any:
         raise StorageError("database error (OperationalError): disk I/O error")
 
-    engine._coalescer._exact = broken
+    engine._coalescer._resolve = broken
     responses = asyncio.run(ask(bodies[:5]))
     assert [r.status_code for r in responses] == [503] * 5
     assert "disk I/O error" in responses[0].json()["detail"]

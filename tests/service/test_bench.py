@@ -76,4 +76,7 @@ def test_load_benchmark_runs(tmp_path):
                           "single, hot set, 100/s offered", "batch of 50",
                           "single untuned (nearest+demand)"], out.stdout
     assert phases[6].startswith("client cache hit")
+    summary = out.stdout[out.stdout.index("| figure | target | sqlite |"):]  # issue 16's table
+    assert "| single lookups/s, flat out | >= 4000 |" in summary
+    assert "| batch of 50: p50 / p99 | <= 30 / 100 ms |" in summary and "| - |" not in summary
     assert all(r["errors"] == 0 and r["requests"] > 0 for r in rows), out.stdout

@@ -12,12 +12,20 @@ def test_requests_parse_through_their_apps_memo(make_client):
     memo_a, memo_b = (c.app.state.autotuner.parse_memo for c in (a, b))
     assert memo_a is not memo_b and not memo_a._parsed and not memo_b._parsed
     body = {"device": DEVICE, "problem": problem()}
+    # lookups: the fast path (service/fastpath.py) remembers each body parsed, per app
+    fast_a, fast_b = a.app.fast_path, b.app.fast_path
     assert a.post("/v1/lookup", json=body).status_code == 200
-    assert len(memo_a._parsed) == 2 and not memo_b._parsed  # the problem and the device
-    parsed = memo_a.problem(problem())
+    assert len(fast_a._memo) == 1 and not fast_b._memo
+    (_, (parsed,), _, (pkey,)), = fast_a._memo.values()
     assert a.post("/v1/lookup", json=body).status_code == 200
-    assert memo_a.problem(problem()) is parsed and len(memo_a._parsed) == 2
-    assert memo_a.key(parsed) == parsed.key
+    assert len(fast_a._memo) == 1 and next(iter(fast_a._memo.values()))[1][0] is parsed
+    assert memo_a.key(parsed) == parsed.key == pkey
+    # the routes: through the app's memo (the problem and the device)
+    assert a.post("/v1/jobs", json=body).status_code in (201, 401)
+    assert a.post("/v1/lookup", json={**body, "x": 1}).status_code == 422  # the routes answer it
+    assert len(memo_a._parsed) == 2 and not memo_b._parsed
+    again = memo_a.problem(problem())
+    assert memo_a.problem(problem()) is again
     # outside a request nothing is memoised
     assert parse_problem(problem()) is not parse_problem(problem())
 

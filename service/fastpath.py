@@ -1,0 +1,169 @@
+"""The lookup fast path: ``POST /v1/lookup`` and ``/v1/lookup/batch`` answered in front of FastAPI.
+
+A profile of the running service (``bench/profile_lookup.py``, README "Performance") showed
+most of a cached lookup's CPU in the framework rather than in the lookup: middleware, routing,
+dependency solving, validating the request model around the domain objects, the response
+model. The app (:class:`service.app.ServiceApp`) hands these two routes to
+:class:`LookupFastPath` first, which answers well-formed lookups itself:
+
+- the body is read once and remembered by its bytes with what it parses to (device,
+  problems, their keys): a body seen before is neither parsed nor validated nor keyed again;
+- a new body is parsed once (``json.loads``) and its device and problems validated by the
+  same domain parsers the routes use (:mod:`service.fields`), and keyed once;
+- the answers come from the lookup engine with those keys, as the JSON cached with them,
+  and are sent as is; the request is counted in the metrics under its route.
+
+Anything it does not answer goes to FastAPI unchanged (the body replayed): a body that is not
+exactly ``{"device", "problem"}`` / ``{"device", "problems"}`` of valid objects, a batch over
+``AUTOTUNER_MAX_BATCH``, a body over ``AUTOTUNER_MAX_BODY_BYTES`` or without a
+``Content-Length``, a content type other than ``application/json``, a read token that does
+not check out, any error - so every error is answered by the routes, in the same form as
+before, and ``/docs`` still documents both routes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from starlette.types import Message, Receive, Scope, Send
+
+from autotuner import Device, Problem
+from service import auth
+from service.fields import _validate_device, _validate_problem
+
+SINGLE = "/v1/lookup"
+BATCH = "/v1/lookup/batch"
+PATHS = (SINGLE, BATCH)
+PROCESS_HEADER = b"x-autotuner-process"
+MEMO_MAX = 65_536  # single-lookup bodies remembered (then it starts afresh)
+BATCH_MEMO_MAX = 256
+
+ASGI = Callable[[Scope, Receive, Send], Awaitable[None]]
+# what a body parses to: the device, the problems, the device's key, the problems' keys
+Parsed = tuple[Device, list[Problem], str, list[str]]
+
+
+def _no_constants(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")  # NaN/Infinity: the routes say why
+
+
+class LookupFastPath:
+    """Answers lookups for ``state`` (a :class:`service.deps.ServiceState`); ``app`` gets
+    everything else."""
+
+    def __init__(self, app: ASGI, state: Any) -> None:
+        self.app = app
+        self.state = state
+        self._memo: dict[bytes, Parsed] = {}
+        self._batch_memo: dict[bytes, Parsed] = {}
+        self._pid = b"%d" % os.getpid()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path")
+        if scope["type"] != "http" or path not in PATHS or scope["method"] != "POST":
+            await self.app(scope, receive, send)
+            return
+        start = time.perf_counter()
+        length = content_type = token = None
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                length = value
+            elif name == b"content-type":
+                content_type = value
+            elif name == b"authorization":
+                token = value
+        if (length is None or not length.isdigit() or int(length) > self.state.settings.max_body_bytes
+                or content_type is None or not content_type.startswith(b"application/json")):
+            await self.app(scope, receive, send)  # nothing read yet: FastAPI sees it as sent
+            return
+        body, after = await _read(receive)
+        answer = None
+        if after is None:
+            try:
+                answer = await self._answer(path, body, token)
+            except Exception:  # noqa: BLE001 - whatever it is, the routes answer it their way
+                answer = None
+        if answer is None:
+            await self.app(scope, _replay(body, after, receive), send)
+            return
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", b"%d" % len(answer)),
+                                (PROCESS_HEADER, self._pid)]})
+        await send({"type": "http.response.body", "body": answer})
+        self.state.metrics.observe("POST", path, 200, time.perf_counter() - start)
+
+    def _parse(self, path: str, body: bytes) -> Parsed | None:
+        memo = self._memo if path == SINGLE else self._batch_memo
+        hit = memo.get(body)
+        if hit is not None:
+            return hit
+        req = json.loads(body, parse_constant=_no_constants)
+        if not isinstance(req, dict):
+            return None
+        try:
+            if path == SINGLE:
+                if req.keys() != {"device", "problem"}:
+                    return None
+                problems = [_validate_problem(req["problem"])]
+            else:
+                raw = req.get("problems")
+                if req.keys() != {"device", "problems"} or not isinstance(raw, list) \
+                        or not 1 <= len(raw) <= self.state.settings.max_batch:
+                    return None
+                problems = [_validate_problem(p) for p in raw]
+            device = _validate_device(req["device"])
+        except ValueError:  # PydanticCustomError is one: the routes answer 422
+            return None
+        keys = self.state.parse_memo.key
+        parsed = (device, problems, keys(device), [keys(p) for p in problems])
+        if len(memo) >= (MEMO_MAX if path == SINGLE else BATCH_MEMO_MAX):
+            memo.clear()
+        memo[body] = parsed
+        return parsed
+
+    async def _answer(self, path: str, body: bytes, token: bytes | None) -> bytes | None:
+        state = self.state
+        if state.settings.read_tokens:
+            if token is None or token[:7].lower() != b"bearer ":
+                return None
+            await auth.require("read", token[7:].decode("latin-1").strip(), state.settings,
+                               state.database)
+        parsed = self._parse(path, body)
+        if parsed is None:
+            return None
+        device, problems, dkey, pkeys = parsed
+        results = await state.lookups.run_json(device, problems, (dkey, pkeys))
+        if path == SINGLE:
+            return results[0]
+        state.metrics.batch_size.observe(len(problems))
+        return b'{"device_key":%s,"results":[%s]}' % (json.dumps(dkey).encode(), b",".join(results))
+
+
+async def _read(receive: Receive) -> tuple[bytes, Message | None]:
+    """The whole body; and the message that ended it early (a disconnect), if one did."""
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return b"".join(chunks), message
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks), None
+
+
+def _replay(body: bytes, after: Message | None, receive: Receive) -> Receive:
+    queue: list[Message] = [{"type": "http.request", "body": body, "more_body": False}]
+    if after is not None:
+        queue.append(after)
+
+    async def replay() -> Message:
+        if queue:
+            return queue.pop(0)
+        return await receive()
+
+    return replay
