@@ -32,11 +32,14 @@ TABLES = {
     "calibrations": (records.CalibrationRecord, set()),
     "failures": (records.FailureRecord, set()),
 }
+# bookkeeping tables no record shows (the service's change log, db/_changes.py): never read by a
+# route or a converter, so they have no field list of their own
+INTERNAL = {"generation", "winner_changes"}
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
 def test_every_table_has_exactly_its_records_fields_as_stored() -> None:
-    assert set(Base.metadata.tables) == set(TABLES)
+    assert set(Base.metadata.tables) == set(TABLES) | INTERNAL
     for name, (record, extra) in TABLES.items():
         table = Base.metadata.tables[name]
         own = {s.name: s for s in specs(record) if not s.joined}
