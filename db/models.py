@@ -50,6 +50,7 @@ from db.records import (
     FailureRecord,
     JobRecord,
     MeasurementRecord,
+    ModelBenchRecord,
     ProblemRecord,
     TokenRecord,
     WinnerRecord,
@@ -67,6 +68,7 @@ __all__ = [
     "Device",
     "Failure",
     "Measurement",
+    "ModelBench",
     "Problem",
     "Token",
     "TuningJob",
@@ -286,5 +288,14 @@ class Calibration(Base, record=CalibrationRecord):
 
     __tablename__ = "calibrations"
     __table_args__ = (Index(None, "device_id", "model", "created_at"),)
+
+    device_id: Mapped[int] = _parent("devices")
+
+
+class ModelBench(Base, record=ModelBenchRecord):
+    """One ``autotuner bench-model`` run (see ModelBenchRecord); append-only."""
+
+    __tablename__ = "model_benches"
+    __table_args__ = (Index(None, "device_id", "created_at"), Index(None, "program", "created_at"))
 
     device_id: Mapped[int] = _parent("devices")

@@ -21,6 +21,7 @@ Contract kept by every backend (SQLite, PostgreSQL):
 from __future__ import annotations
 
 from db import _stats
+from db._benches import get_model_bench, list_model_benches, record_model_bench
 from db._calibrations import add_calibration, get_calibration, list_calibrations
 from db._catalog import (
     get_device,
@@ -75,6 +76,7 @@ __all__ = [
     "get_device",
     "get_device_by_key",
     "get_job",
+    "get_model_bench",
     "get_problem",
     "get_problem_by_key",
     "get_winner",
@@ -86,6 +88,7 @@ __all__ = [
     "list_devices",
     "list_jobs",
     "list_measurements",
+    "list_model_benches",
     "named_lock",
     "list_problems",
     "list_tokens",
@@ -95,6 +98,7 @@ __all__ = [
     "optuna_storage_url",
     "record_failure",
     "record_measurements",
+    "record_model_bench",
     "record_miss",
     "recompute_winner",
     "revoke_token",
