@@ -22,7 +22,7 @@ HELP = f"""Benchmark a program's step: plain jax.jit against autotuner.overlap(f
 
 {FACTORY_HELP} Example: autotuner bench-model autotuner.examples.transformer:train_step --target lab:shared:4:2gbit --db sqlite:///autotuner.db
 
-With --db the result is also stored in that database (one row of model_benches; the dashboard's /dashboard/models page shows it); --no-store keeps it out.
+With --db the result is also stored in that database (one row of model_benches; the dashboard's /models page shows it); --no-store keeps it out.
 
 --target is inproc:N (N in-process CPU devices), lab:TOPOLOGY:N:RATE (N processes on emulated links; the factory runs in each) or local (this machine's accelerators). Winners come from --db/--service/--snapshot for the target's device (--device to pick another); --strategy forces one for every pair. The overlapped results are checked against plain jit's before timing."""
 
@@ -121,7 +121,7 @@ def bench_cmd(
         values = bench_values(res, program=target, kwargs=fkw, target=on, mesh=shape,
                               strategy=chosen if isinstance(chosen, str) else chosen.key, rel_error=error)
         stored["bench_id"] = store_bench(db, dev, values)
-        err.print(f"stored as bench-model run {stored['bench_id']} (dashboard: /dashboard/models/"
+        err.print(f"stored as bench-model run {stored['bench_id']} (dashboard: /models/"
                   f"{stored['bench_id']})", highlight=False)
     if json_out:
         sys.stdout.write(json.dumps({"target": on, "program": target, "error": error, "plan": plan,
