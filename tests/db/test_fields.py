@@ -179,6 +179,7 @@ def test_the_services_record_models_show_the_records_fields() -> None:
     assert fields(schemas.DemandOut) == record(records.DemandRecord)
     assert fields(schemas.WinnerOut) == [n for n in record(records.WinnerRecord)
                                          if n not in ("device_id", "problem_id")]
+    assert fields(schemas.ModelBenchOut) == [n for n in record(records.ModelBenchRecord) if n != "device_id"]
     m = record(records.MeasurementRecord)
     assert fields(schemas.MeasurementOut) == [*m[:3], "device_key", *m[3:]]
     assert fields(schemas.MeasurementIn) == [n for n in records.MEASUREMENT_INPUT_FIELDS
