@@ -198,7 +198,7 @@ def model(request: Request, ref: str, _: ReadAuth, s: ReadSessionDep) -> HTMLRes
                    step_fig=figures.embed(benches.bench_figure(run)),
                    pair_fig=figures.embed(pairs) if pairs is not None else None,
                    kwargs_json=json.dumps(run.kwargs, sort_keys=True),
-                   mesh_json=json.dumps(run.mesh) if run.mesh is not None else "the factory's own")
+                   mesh_json=json.dumps(run.mesh))
 
 
 @router.get("/static/{name}")
