@@ -123,6 +123,7 @@ def test_a_slower_run_without_pairs_and_unknown_runs(client, seeded):
     assert "The overlapped step is slower than plain jit beyond the 95% interval" in page
     assert "SLOWER" in figure(page, "fig-step")["layout"]["title"]["text"]
     assert "No per-pair breakdown stored" in page and 'id="fig-pairs"' not in page
+    assert "· mesh the factory's own" in html.unescape(page)
     assert "measured -5.00 ms" in page and "predicted from the pairs alone -1.00 ms" in page
     for ref in ("999999", "abc", "1e3", "-1", "9" * 40):
         r = client.get(f"/models/{ref}")
