@@ -111,14 +111,19 @@ def named_lock(s: Session, name: str) -> None:
 
 def check_value(spec: Spec, value: Any, name: str) -> Any:
     """``value`` for the field ``spec`` (named ``name`` in errors), or ValueError: text within
-    its length, numbers finite and >= 0 (integers >= their minimum), JSON objects as dicts,
-    lists of such numbers as lists."""
+    its length, numbers finite and >= 0 (integers >= their minimum, :func:`~db.fields.signed`
+    ones any sign), flags as bools, JSON objects as dicts, lists of such numbers or objects as
+    lists."""
     if value is None and spec.optional:
         return None
     if spec.kind is str:
         return text_field(value, name, max_len=spec.max_len or 0, optional=spec.optional)
     if spec.kind is float:
-        return finite(value, name, minimum=0.0)
+        return finite(value, name, minimum=None if spec.signed else 0.0)
+    if spec.kind is bool:
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} must be true or false, not {value!r}")
+        return value
     if spec.kind is int:
         minimum = spec.minimum if spec.minimum is not None else 0
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
@@ -126,11 +131,12 @@ def check_value(spec: Spec, value: Any, name: str) -> Any:
         return value
     if spec.kind is dict:
         return json_object(value, name)
-    if spec.kind is tuple:  # a JSON list of numbers
+    if spec.kind is tuple:  # a JSON list of numbers or of JSON objects
         if not isinstance(value, list | tuple):
             raise ValueError(f"{name} must be a list")
         (item_type, *_) = typing.get_args(spec.hint)
-        item = Spec(name=spec.name, hint=item_type, kind=item_type, optional=False)
+        item = Spec(name=spec.name, hint=item_type, kind=typing.get_origin(item_type) or item_type,
+                    optional=False)
         return [check_value(item, x, f"{name}[{j}]") for j, x in enumerate(value)]
     if spec.kind is datetime:
         if not isinstance(value, datetime):

@@ -22,8 +22,10 @@ R = TypeVar("R")
 def _copier(spec: Spec) -> Callable[[Any], Any] | None:
     if spec.kind is dict:  # a fresh copy: changing a record never changes the database's row
         return copy.deepcopy
-    if spec.kind is tuple:  # a JSON list; its items as the record's type says
+    if spec.kind is tuple:  # a JSON list; its items as the record's type says (objects copied)
         (item, *_) = typing.get_args(spec.hint)
+        if (typing.get_origin(item) or item) is dict:
+            return lambda xs: tuple(copy.deepcopy(xs))
         return lambda xs: tuple(map(item, xs))
     return None
 
@@ -59,6 +61,7 @@ device_record = row_converter(r.DeviceRecord)
 failure_record = row_converter(r.FailureRecord)
 job_record = row_converter(r.JobRecord)
 measurement_record = row_converter(r.MeasurementRecord)
+model_bench_record = row_converter(r.ModelBenchRecord)
 problem_record = row_converter(r.ProblemRecord)
 token_record = row_converter(r.TokenRecord)
 winner_record = row_converter(r.WinnerRecord)

@@ -2,8 +2,9 @@
 
 :mod:`db.records` writes each record's fields once, with the metadata these helpers attach
 where the type alone does not say enough: :func:`text` (the most characters, also the
-column's width), :func:`long_text`, :func:`at_least` and :func:`joined` (a value read from
-another table, not a column of the record's own). :func:`specs` reads a record's fields back
+column's width), :func:`long_text`, :func:`at_least`, :func:`signed` (a number that may be
+negative; numbers are >= 0 otherwise) and :func:`joined` (a value read from another table, not a
+column of the record's own). A JSON list (``tuple[...]``) holds numbers or JSON objects. :func:`specs` reads a record's fields back
 with their types and metadata: :mod:`db.models` builds the columns from them, the repository
 its row -> record converters and its checks on write, :mod:`service.schemas` the API's models.
 Pure Python (no SQLAlchemy).
@@ -19,7 +20,7 @@ from datetime import datetime
 from typing import Any
 
 __all__ = ["KEY_LEN", "LONG_TEXT", "Spec", "at_least", "fields_of", "joined", "long_text",
-           "specs", "text"]
+           "signed", "specs", "text"]
 
 KEY_LEN = 128  # device and problem keys
 LONG_TEXT = 100_000  # free text: a failure's reason, a job's error
@@ -40,6 +41,11 @@ def at_least(minimum: int) -> Any:
     return field(metadata={"minimum": minimum})
 
 
+def signed() -> Any:
+    """A number that may be negative (e.g. a saving that turned out a loss); finite still."""
+    return field(metadata={"signed": True})
+
+
 def joined() -> Any:
     """A value the repository reads from another table (e.g. a winner's device key)."""
     return field(metadata={"joined": True})
@@ -48,7 +54,7 @@ def joined() -> Any:
 @dataclass(frozen=True, slots=True)
 class Spec:
     """One field of a record: its name, its type without ``None`` (``kind`` is that type's
-    origin: ``str``, ``int``, ``float``, ``datetime``, ``dict`` or ``tuple``), whether
+    origin: ``str``, ``int``, ``float``, ``bool``, ``datetime``, ``dict`` or ``tuple``), whether
     ``None`` is allowed, and its metadata (the helpers above)."""
 
     name: str
@@ -58,6 +64,7 @@ class Spec:
     max_len: int | None = None
     long: bool = False
     minimum: int | None = None
+    signed: bool = False
     joined: bool = False
 
 
@@ -77,7 +84,7 @@ def specs(record: type) -> tuple[Spec, ...]:
         hint, optional = _split_optional(hints[f.name])
         kind = typing.get_origin(hint) or hint
         spec = Spec(name=f.name, hint=hint, kind=kind, optional=optional, **f.metadata)
-        if kind not in (str, int, float, datetime, dict, tuple):
+        if kind not in (str, int, float, bool, datetime, dict, tuple):
             raise TypeError(f"{record.__name__}.{f.name}: no storage for type {hint!r}")
         if kind is str and spec.max_len is None and not spec.joined:
             raise TypeError(f"{record.__name__}.{f.name}: a text field needs text(n) or long_text()")

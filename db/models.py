@@ -51,6 +51,7 @@ from db.records import (
     FailureRecord,
     JobRecord,
     MeasurementRecord,
+    ModelBenchRecord,
     ProblemRecord,
     TokenRecord,
     WinnerRecord,
@@ -69,6 +70,7 @@ __all__ = [
     "Failure",
     "Generation",
     "Measurement",
+    "ModelBench",
     "Problem",
     "Token",
     "TuningJob",
@@ -318,3 +320,12 @@ class WinnerChange(Base):
     generation: Mapped[int] = mapped_column(BigInteger())
     device_key: Mapped[str] = mapped_column(String(KEY_LEN))
     problem_key: Mapped[str | None] = mapped_column(String(KEY_LEN))
+
+
+class ModelBench(Base, record=ModelBenchRecord):
+    """One ``autotuner bench-model`` run (see ModelBenchRecord); append-only."""
+
+    __tablename__ = "model_benches"
+    __table_args__ = (Index(None, "device_id", "created_at"), Index(None, "program", "created_at"))
+
+    device_id: Mapped[int] = _parent("devices")

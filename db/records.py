@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, NamedTuple, NotRequired, TypedDict, TypeVar, get_type_hints
 
-from db.fields import KEY_LEN, at_least, joined, long_text, text
+from db.fields import KEY_LEN, at_least, joined, long_text, signed, text
 
 __all__ = [
     "MEASUREMENT_INPUT_FIELDS",
@@ -30,6 +30,7 @@ __all__ = [
     "JobRecord",
     "MeasurementInput",
     "MeasurementRecord",
+    "ModelBenchRecord",
     "Neighbor",
     "Page",
     "ProblemRecord",
@@ -273,6 +274,62 @@ class CalibrationRecord:
     raw: dict[str, Any] | None
     host: str | None = text(256)
     created_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class ModelBenchRecord:
+    """One ``autotuner bench-model`` run: a program's step, plain ``jax.jit`` against
+    ``autotuner.overlap(fn)``, timed interleaved on one target. Never changes.
+
+    ``program`` is ``MODULE:FACTORY`` and ``kwargs`` the factory's keyword arguments; ``mesh``
+    the ``--mesh`` axes (``None``: the factory's own); ``strategy`` what was asked for
+    (``auto``, ``baseline`` or one strategy's key). ``plain_s``/``overlapped_s`` are the
+    medians per step (seconds) with their 95% intervals (``_lo_s``/``_hi_s``); ``speedup`` is
+    plain / overlapped with its interval; ``slower`` flags an overlapped step slower than plain
+    beyond the interval. ``pairs`` is the per-pair breakdown as bench-model prints it (each
+    distinct problem and strategy timed alone: ``key``, ``strategy``, ``count``, ``names``,
+    ``baseline_s``, ``strategy_s``, ``comm_s``, ``comp_s``, ``ratio``..., ``saved_s``,
+    ``failed``); ``comm_s`` the collectives alone per step (all pairs), ``decomposed_comm_s``
+    those of the decomposed pairs, ``predicted_saved_s`` the saving the pairs alone predict
+    (negative: a loss). ``rel_error`` is overlapped vs plain's relative difference.
+    """
+
+    id: int
+    device_id: int
+    device_key: str = joined()
+    program: str = text(512)
+    kwargs: dict[str, Any]
+    target: str = text(256)
+    mesh: dict[str, Any] | None
+    strategy: str = text(256)
+    reps: int = at_least(1)
+    plain_s: float
+    plain_lo_s: float | None
+    plain_hi_s: float | None
+    overlapped_s: float
+    overlapped_lo_s: float | None
+    overlapped_hi_s: float | None
+    speedup: float
+    speedup_lo: float | None
+    speedup_hi: float | None
+    slower: bool
+    rel_error: float | None
+    pairs: tuple[dict[str, Any], ...]
+    comm_s: float | None
+    decomposed_comm_s: float | None
+    predicted_saved_s: float | None = signed()
+    host: str | None = text(256)
+    created_at: datetime
+
+    @property
+    def measured_saved_s(self) -> float:
+        """Seconds saved per step as measured: plain median - overlapped median (negative: lost)."""
+        return self.plain_s - self.overlapped_s
+
+    @property
+    def comm_share(self) -> float | None:
+        """The collectives' share of the plain step (``comm_s / plain_s``), if timed."""
+        return None if self.comm_s is None or not self.plain_s else self.comm_s / self.plain_s
 
 
 # -- measurement items ---------------------------------------------------------------------------

@@ -21,6 +21,7 @@ Contract kept by every backend (SQLite, PostgreSQL):
 from __future__ import annotations
 
 from db import _stats
+from db._benches import get_model_bench, list_model_benches, record_model_bench
 from db._calibrations import add_calibration, get_calibration, list_calibrations
 from db._catalog import (
     get_device,
@@ -80,6 +81,7 @@ __all__ = [
     "get_device",
     "get_device_by_key",
     "get_job",
+    "get_model_bench",
     "get_problem",
     "get_problem_by_key",
     "get_winner",
@@ -91,6 +93,7 @@ __all__ = [
     "list_devices",
     "list_jobs",
     "list_measurements",
+    "list_model_benches",
     "named_lock",
     "note_change",
     "list_problems",
@@ -102,6 +105,7 @@ __all__ = [
     "record_failure",
     "problem_groups",
     "record_measurements",
+    "record_model_bench",
     "record_miss",
     "record_misses",
     "recompute_winner",

@@ -20,6 +20,7 @@ from db import (
     DeviceRecord,
     JobRecord,
     MeasurementRecord,
+    ModelBenchRecord,
     ProblemRecord,
     WinnerRecord,
 )
@@ -272,6 +273,11 @@ class JobPage(BaseModel):
     offset: int
     limit: int
     next_offset: int | None
+
+
+# -- model benches (bench-model runs) --------------------------------------------------------------
+
+ModelBenchOut = record_out(ModelBenchRecord, drop=("device_id",))
 
 
 # -- demand ----------------------------------------------------------------------------------------

@@ -22,6 +22,8 @@ HELP = f"""Benchmark a program's step: plain jax.jit against autotuner.overlap(f
 
 {FACTORY_HELP} Example: autotuner bench-model autotuner.examples.transformer:train_step --target lab:shared:4:2gbit --db sqlite:///autotuner.db
 
+With --db the result is also stored in that database (one row of model_benches; the dashboard's /models page shows it); --no-store keeps it out.
+
 --target is inproc:N (N in-process CPU devices), lab:TOPOLOGY:N:RATE (N processes on emulated links; the factory runs in each) or local (this machine's accelerators). Winners come from --db/--service/--snapshot for the target's device (--device to pick another); --strategy forces one for every pair. The overlapped results are checked against plain jit's before timing."""
 
 
@@ -87,6 +89,8 @@ def bench_cmd(
     pairs: Annotated[bool, typer.Option("--pairs/--no-pairs", help="time each decomposed pair alone")] = True,
     pair_reps: Annotated[int, typer.Option(min=3, help="repetitions per pair alone")] = 7,
     json_out: Annotated[bool, typer.Option("--json", help="the result as one JSON object on stdout")] = False,
+    store: Annotated[bool, typer.Option("--store/--no-store", help="store the result in the --db database "
+                                        "(default with --db)")] = True,
 ) -> None:
     from autotuner.measure.targets import Target, TargetError
 
@@ -101,18 +105,27 @@ def bench_cmd(
         if tgt.kind == "lab":
             from autotuner.cli.bench_lab import bench_on_lab
 
-            res, plan, notes, error = bench_on_lab(
+            res, plan, notes, error, dev = bench_on_lab(
                 tgt, target, fkw, shape, explicit, chosen, dict(db=db, service=service, snapshot=snapshot,
                                                                  device=device), tmp,
                 reps=reps, warmup=warmup, pairs=pairs, pair_reps=pair_reps)
         else:
-            res, plan, notes, error = _bench_here(
+            res, plan, notes, error, dev = _bench_here(
                 tgt, target, fkw, shape, explicit, chosen, dict(db=db, service=service, snapshot=snapshot,
                                                                  device=device), tmp,
                 reps=reps, warmup=warmup, pairs=pairs, pair_reps=pair_reps)
+    stored: dict[str, Any] = {}
+    if db and store:
+        from autotuner.cli.bench_store import bench_values, store_bench
+
+        values = bench_values(res, program=target, kwargs=fkw, target=on, mesh=shape,
+                              strategy=chosen if isinstance(chosen, str) else chosen.key, rel_error=error)
+        stored["bench_id"] = store_bench(db, dev, values)
+        err.print(f"stored as bench-model run {stored['bench_id']} (dashboard: /models/"
+                  f"{stored['bench_id']})", highlight=False)
     if json_out:
         sys.stdout.write(json.dumps({"target": on, "program": target, "error": error, "plan": plan,
-                                     "notes": notes, **res.to_dict()}, default=str) + "\n")
+                                     "notes": notes, **res.to_dict(), **stored}, default=str) + "\n")
         sys.stdout.flush()
     else:
         print_plan(plan, notes)
@@ -121,7 +134,7 @@ def bench_cmd(
 
 def _bench_here(tgt: Any, target: str, fkw: dict[str, Any], shape: dict[str, int] | None, explicit: bool,
                 chosen: Any, sources: dict[str, Any], tmp: str, *, reps: int, warmup: int, pairs: bool,
-                pair_reps: int) -> tuple[Any, list[dict[str, Any]], list[str], float]:
+                pair_reps: int) -> tuple[Any, list[dict[str, Any]], list[str], float, Any]:
     from autotuner.cli.plan import mesh_size
     from autotuner.measure.model import Bench, ModelError, load_factory, plan_rows
     from autotuner.measure.steps import compare, pair_breakdown, time_steps
@@ -154,4 +167,4 @@ def _bench_here(tgt: Any, target: str, fkw: dict[str, Any], shape: dict[str, int
         if pairs:
             res.pairs = pair_breakdown(bench.plan, session.runner, reps=pair_reps,
                                        log=lambda m: err.print(m, highlight=False))
-    return res, rows, list(bench.plan.notes), error
+    return res, rows, list(bench.plan.notes), error, session.device

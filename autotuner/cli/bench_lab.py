@@ -15,7 +15,7 @@ LOAD_TIMEOUT_S = 1800.0
 
 def bench_on_lab(tgt: Any, target: str, fkw: dict[str, Any], shape: dict[str, int] | None, explicit: bool,
                  chosen: Any, sources: dict[str, Any], tmp: str, *, reps: int, warmup: int, pairs: bool,
-                 pair_reps: int) -> tuple[Any, list[dict[str, Any]], list[str], float]:
+                 pair_reps: int) -> tuple[Any, list[dict[str, Any]], list[str], float, Any]:
     from autotuner.lab import Lab, LabSpec, LabWorkerError
     from autotuner.lab.runner import LabRunner
     from autotuner.measure.model import HANDLER
@@ -61,4 +61,4 @@ def bench_on_lab(tgt: Any, target: str, fkw: dict[str, Any], shape: dict[str, in
         fail(f"the lab failed: {e}")
     finally:
         lab.close()
-    return res, rows, notes, error
+    return res, rows, notes, error, dev

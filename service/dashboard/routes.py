@@ -1,5 +1,6 @@
 """The dashboard's routes: ``/`` (overview), ``/problems`` (table), ``/problems/{id}`` (one
-problem) and ``/static/{name}`` (plotly.js and our CSS/JS). Thin: each page reads through
+problem), ``/models`` and ``/models/{id}`` (stored bench-model runs) and ``/static/{name}``
+(plotly.js and our CSS/JS). Thin: each page reads through
 :mod:`db.repository`, turns records into values (:mod:`.views`, :mod:`.figures`) and renders a
 Jinja2 template (autoescaped).
 
@@ -11,6 +12,7 @@ to this server only.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, Response
 
 from db import repository as repo
-from service.dashboard import figures, views
+from service.dashboard import benches, figures, views
 from service.dashboard.assets import CACHE_CONTROL
 from service.dashboard.params import (
     PER_PAGE,
@@ -42,6 +44,7 @@ SECURITY_HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "n
                     "Referrer-Policy": "no-referrer", "X-Frame-Options": "DENY"}
 SHAPE_POINTS = 2000
 FAILURES = 50  # the newest failed problems the overview lists
+BENCHES = 200  # the newest bench-model runs the models page lists
 TABLE_SORTS = ("pattern", "speedup", "trials", "updated", "flops", "comm_bytes")  # the sortable
 # columns of the table, each named as its sort key of repo.list_problems
 
@@ -55,7 +58,8 @@ _env = jinja2.Environment(
 _env.filters.update(when=views.fmt_when, seconds=views.fmt_time, speedup=views.fmt_speedup,
                     nbytes=views.fmt_bytes, shapes=views.fmt_shapes, mesh=views.fmt_mesh,
                     device=views.device_label)
-_env.globals.update(fmt_ci=views.fmt_ci)
+_env.filters.update(ms=benches.fmt_ms)
+_env.globals.update(fmt_ci=views.fmt_ci, fmt_ms_ci=benches.fmt_ms_ci, program_label=benches.program_label)
 
 
 def _render(request: Request, template: str, status: int = 200, **context: Any) -> HTMLResponse:
@@ -168,6 +172,33 @@ def problem(request: Request, ref: str, _: ReadAuth, s: ReadSessionDep) -> HTMLR
     failures = [f for f in repo.list_failures(s, limit=1000) if f.problem_key == record.key]
     return _render(request, "problem.html", problem=record, plots=plots, failures=failures,
                    device_by_key={d.key: d for d in devices.values()}, problem_json=views.problem_json(record))
+
+
+@router.get("/models", response_class=HTMLResponse)
+def models(request: Request, _: ReadAuth, s: ReadSessionDep) -> HTMLResponse:
+    """Stored ``autotuner bench-model --db`` runs, newest first: program, target, device, plain
+    and overlapped step times, the speedup with its interval, and a flag on any run whose
+    overlapped step is slower than plain beyond the interval."""
+    runs = repo.list_model_benches(s, limit=BENCHES)
+    return _render(request, "models.html", runs=runs,
+                   device_by_key={d.key: d for d in repo.list_devices(s)})
+
+
+@router.get("/models/{ref}", response_class=HTMLResponse)
+def model(request: Request, ref: str, _: ReadAuth, s: ReadSessionDep) -> HTMLResponse:
+    """One bench-model run: its figures (plain vs overlapped per step with 95% whiskers; each
+    pair alone), the per-pair breakdown, the collectives' share and the savings."""
+    run = repo.get_model_bench(s, int(ref)) if ref.isdigit() and len(ref) < 12 else None
+    if run is None:
+        return _error(request, 404, "No such benchmark run",
+                      message=f"There is no bench-model run {ref!r} in this database.")
+    device = repo.get_device_by_key(s, run.device_key)
+    pairs = benches.pair_figure(run)
+    return _render(request, "model.html", run=run, device=device, pairs=benches.pair_rows(run),
+                   step_fig=figures.embed(benches.bench_figure(run)),
+                   pair_fig=figures.embed(pairs) if pairs is not None else None,
+                   kwargs_json=json.dumps(run.kwargs, sort_keys=True),
+                   mesh_json=json.dumps(run.mesh))
 
 
 @router.get("/static/{name}")

@@ -1,8 +1,8 @@
 """One router per resource."""
 
-from service.routes import demand, health, jobs, lookup, problems, results, snapshot
+from service.routes import benches, demand, health, jobs, lookup, problems, results, snapshot
 
 ROUTERS = [lookup.router, results.router, jobs.router, problems.router, demand.router,
-           snapshot.router, health.router]
+           snapshot.router, benches.router, health.router]
 
 __all__ = ["ROUTERS"]

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 import pytest
-from sqlalchemy import JSON, Double, Integer, String, Text
+from sqlalchemy import JSON, Boolean, Double, Integer, String, Text
 
 from autotuner.measure import Candidate
 from db import records
@@ -31,6 +31,7 @@ TABLES = {
     "tokens": (records.TokenRecord, {"token_hash"}),
     "calibrations": (records.CalibrationRecord, set()),
     "failures": (records.FailureRecord, set()),
+    "model_benches": (records.ModelBenchRecord, set()),
 }
 # bookkeeping tables no record shows (the service's change log, db/_changes.py): never read by a
 # route or a converter, so they have no field list of their own
@@ -47,7 +48,7 @@ def test_every_table_has_exactly_its_records_fields_as_stored() -> None:
         for spec in own.values():
             column = table.columns[spec.name]
             assert column.nullable == spec.optional, (name, spec.name)
-            expected = {str: Text if spec.long else String, int: Integer, float: Double,
+            expected = {str: Text if spec.long else String, int: Integer, float: Double, bool: Boolean,
                         datetime: UTCDateTime, dict: JSON, tuple: JSON}[spec.kind]
             assert isinstance(column.type, expected), (name, spec.name, column.type)
             if expected is String:
@@ -116,6 +117,14 @@ def test_checks_on_write_follow_the_fields() -> None:
     for values, message in bad:
         with pytest.raises(ValueError, match=re.escape(message)):
             check_values(fields, values, "items[0]")
+    bench = fields_of(records.ModelBenchRecord, ("slower", "predicted_saved_s", "pairs"))
+    assert check_values(bench, {"slower": True, "predicted_saved_s": -0.5, "pairs": [{"a": 1}]}) == {
+        "slower": True, "predicted_saved_s": -0.5, "pairs": [{"a": 1}]}  # signed(): may be negative
+    for values, message in [({"slower": 0, "pairs": []}, "slower must be true or false, not 0"),
+                            ({"slower": True, "pairs": [[1]]}, "pairs[0] must be a JSON object"),
+                            ({"slower": True, "pairs": [], "predicted_saved_s": float("inf")}, "finite")]:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            check_values(bench, values)
     device = fields_of(records.DeviceRecord, ("num_devices",))
     with pytest.raises(ValueError, match="num_devices must be an integer >= 1, not 0"):
         check_values(device, {"num_devices": 0})
@@ -173,6 +182,7 @@ def test_the_services_record_models_show_the_records_fields() -> None:
     assert fields(schemas.DemandOut) == record(records.DemandRecord)
     assert fields(schemas.WinnerOut) == [n for n in record(records.WinnerRecord)
                                          if n not in ("device_id", "problem_id")]
+    assert fields(schemas.ModelBenchOut) == [n for n in record(records.ModelBenchRecord) if n != "device_id"]
     m = record(records.MeasurementRecord)
     assert fields(schemas.MeasurementOut) == [*m[:3], "device_key", *m[3:]]
     assert fields(schemas.MeasurementIn) == [n for n in records.MEASUREMENT_INPUT_FIELDS

@@ -51,6 +51,7 @@ def test_healthz_openapi_and_metrics(client):
     assert {"/v1/lookup", "/v1/lookup/batch", "/v1/results", "/v1/jobs", "/v1/jobs/claim",
             "/v1/jobs/{job_id}", "/v1/jobs/{job_id}/heartbeat", "/v1/jobs/{job_id}/finish",
             "/v1/problems", "/v1/problems/{problem}", "/v1/demand", "/v1/snapshot", "/v1/devices",
+            "/v1/model-benches", "/v1/model-benches/{bench_id}",
             "/healthz", "/metrics"} <= paths
     assert "BearerToken" in spec["components"]["securitySchemes"]
     lookup(client, problem())

@@ -41,6 +41,19 @@ BIDI = Strategy("ring", "bidi", 2, "full", "loop", True)
 N_A, N_B = 40, 8
 FAILURE = "ValueError: out_specs entry too long\n  while timing the collective alone"
 
+BENCH_PAIR = {"names": ["layers/attn/q_proj"], "key": "ab" * 32, "strategy": "ring-bidi-c2-ufull-loop-send",
+              "count": 2, "baseline_s": 0.004, "strategy_s": 0.003, "comm_s": 0.002, "comp_s": 0.0015,
+              "ratio": 1.33, "ratio_lo": 1.2, "ratio_hi": 1.4, "failed": None, "saved_s": 0.002}
+BENCH = {"program": "autotuner.examples.transformer:train_step", "kwargs": {"layers": 1},
+         "target": "lab:shared:4:2gbit", "mesh": {"model": 4}, "strategy": "auto", "reps": 20,
+         "plain_s": 0.020, "plain_lo_s": 0.019, "plain_hi_s": 0.0215, "overlapped_s": 0.016,
+         "overlapped_lo_s": 0.0152, "overlapped_hi_s": 0.017, "speedup": 1.25, "speedup_lo": 1.18,
+         "speedup_hi": 1.31, "slower": False, "rel_error": 1e-6, "pairs": [BENCH_PAIR], "comm_s": 0.004,
+         "decomposed_comm_s": 0.004, "predicted_saved_s": 0.004, "host": "h"}
+SLOWER = {**BENCH, "program": "autotuner.examples.transformer:example", "overlapped_s": 0.025,
+          "overlapped_lo_s": 0.024, "overlapped_hi_s": 0.027, "speedup": 0.8, "speedup_lo": 0.74,
+          "speedup_hi": 0.86, "slower": True, "pairs": []}
+
 # The service app as `autotuner serve` builds it (create_app includes the dashboard).
 SERVER = textwrap.dedent("""
     import sys, uvicorn
@@ -106,6 +119,8 @@ def seed(url: str) -> dict[str, Any]:
             rec = repo.upsert_problem(s, **problem_values(f, "layers/attn/q_proj"))
             repo.record_failure(s, da.id, rec.id, name="layers/attn/q_proj", error=FAILURE)
             ids["failed"] = [rec.id]
+            ids["bench"] = [repo.record_model_bench(s, db_.id, **BENCH).id,   # issue 15 item 5
+                            repo.record_model_bench(s, db_.id, **SLOWER).id]
             q = Problem.from_dict(problem(m=4096, k=128, n=128))
             repo.enqueue_job(s, problem_key=q.key, problem=q.canonical(), device_key=DEV_A.key,
                              device=DEV_A.to_dict())
@@ -316,3 +331,30 @@ def test_problem_page_shows_its_plots(watched, server):
     if page.inner_text(".copied") == "copied":
         copied = page.evaluate("navigator.clipboard.readText()")
         assert '"equation"' in copied and copied.strip() == page.inner_text("#problem-json").strip()
+
+
+def test_models_page_shows_the_runs_and_a_runs_chart(watched, server):
+    """Issue 15 item 5: the stored bench-model runs, the slower one flagged; a run's page draws
+    plain vs overlapped with its interval whiskers and lists the per-pair breakdown."""
+    _, ids = server
+    page = watched.page
+    watched.goto("/")
+    with page.expect_navigation():
+        page.click("header nav a:has-text('Models')")
+    assert page.url.endswith("/models")
+    rows = page.locator("#model-benches tbody tr")
+    assert rows.count() == 2
+    slow = page.locator(f"#model-benches tr[data-bench-id='{ids['bench'][1]}']")
+    assert slow.locator(".flag-slower").is_visible() and "0.800×" in slow.inner_text()
+    fast = page.locator(f"#model-benches tr[data-bench-id='{ids['bench'][0]}']")
+    text = fast.inner_text()
+    assert "train_step" in text and "1.250×" in text and "[1.180, 1.310]" in text
+    assert fast.locator(".flag-slower").count() == 0
+    with page.expect_navigation():
+        fast.locator("a").first.click()
+    assert page.url.endswith(f"/models/{ids['bench'][0]}")
+    assert _traces(page, "fig-step") == 1
+    assert page.locator("#fig-step .barlayer .point").count() == 2       # plain, overlapped
+    assert page.locator("#fig-step .errorbar").count() == 2              # their interval whiskers
+    assert "layers/attn/q_proj" in page.inner_text("#bench-pairs")
+    assert _traces(page, "fig-pairs") == 4

@@ -80,6 +80,13 @@ def _scenario(make_client: Any) -> dict[str, Any]:
     keep("problem_detail", c.get("/v1/problems/1"), 200)
     keep("demand", c.get("/v1/demand", params={"limit": 1}), 200)  # the others: ties by time
     keep("devices", c.get("/v1/devices"), 200)
+    with c.app.state.autotuner.database.session() as s:  # as `bench-model --db` stores a run
+        from db import repository as repo
+
+        repo.record_model_bench(s, 1, **BENCH)
+    keep("model_benches", c.get("/v1/model-benches"), 200)
+    keep("model_bench", c.get("/v1/model-benches/1"), 200)
+    keep("model_bench_404", c.get("/v1/model-benches/2"), 404)
     snapshot = c.get("/v1/snapshot")
     keep("snapshot", snapshot, 200)
     keep("healthz", c.get("/healthz"), 200)
@@ -99,6 +106,14 @@ def key(p: dict[str, Any]) -> str:
 DKEY, OKEY = Device.from_dict(DEVICE).key, Device.from_dict(OTHER).key
 TUNED, NEAR, FAR, MODELLED = problem(2048, 1024, 512), problem(2048, 1024, 768), problem(64, 64, 64), problem(512, 64, 64)
 RING_KEY = "ring-uni-c1-ufull-loop-send"
+BENCH_PAIR = {"names": ["attn/q"], "key": "k" * 64, "strategy": RING_KEY, "count": 2, "baseline_s": 0.004,
+              "strategy_s": 0.003, "comm_s": 0.002, "comp_s": 0.0015, "ratio": 1.33, "ratio_lo": 1.2,
+              "ratio_hi": 1.4, "failed": None, "saved_s": 0.002}
+BENCH = {"program": "m:f", "kwargs": {"layers": 1}, "target": "inproc:8", "mesh": {"x": 8}, "strategy": "auto",
+         "reps": 20, "plain_s": 0.02, "plain_lo_s": 0.019, "plain_hi_s": 0.021, "overlapped_s": 0.016,
+         "overlapped_lo_s": 0.015, "overlapped_hi_s": 0.017, "speedup": 1.25, "speedup_lo": 1.18,
+         "speedup_hi": 1.31, "slower": False, "rel_error": 1e-06, "pairs": [BENCH_PAIR], "comm_s": 0.008,
+         "decomposed_comm_s": 0.004, "predicted_saved_s": 0.004, "host": "h"}
 BASELINE = {"method": "baseline"}
 
 
@@ -198,6 +213,9 @@ EXPECTED: dict[str, Any] = {
                         ratio_hi=1.3)]},
     "demand": {"items": [demand_out(FAR, 2)], "offset": 0, "limit": 1, "next_offset": 1},
     "devices": DEVICES,
+    "model_benches": [{"id": 1, "device_key": DKEY, **BENCH, "created_at": TIME}],
+    "model_bench": {"id": 1, "device_key": DKEY, **BENCH, "created_at": TIME},
+    "model_bench_404": {"detail": "bench-model run 2 does not exist"},
     "snapshot": {"format": "autotuner-snapshot", "version": 1, "exported_at": TIME,
                  "devices": DEVICES,
                  "entries": [{"device_key": DKEY, "problem_key": key(TUNED), "strategy": RING,

@@ -75,3 +75,37 @@ def test_bench_model_on_a_lab_builds_the_program_in_every_process(tmp_path):
     applied = [p for p in got["plan"] if p["applied"]]
     assert len(applied) == len(got["plan"]) == 12          # forward 4 + backward 8 pairs, 1 layer
     assert sum(t["count"] for t in got["pairs"]) == 12 and all(t["failed"] is None for t in got["pairs"])
+
+
+def test_bench_model_stores_its_result_with_db(tmp_path):
+    """--db: the run becomes one row of model_benches holding what --json prints (issue 15 item 5);
+    --no-store keeps it out."""
+    from db import Database, upgrade
+    from db import repository as repo
+
+    url = f"sqlite:///{tmp_path / 'results.db'}"
+    upgrade(url)
+    r = run(["bench-model", *EXAMPLE, "--target", "inproc:4", "--strategy", "ring-uni-c1-u1-loop-send",
+             "--reps", "5", "--pair-reps", "3", "--json", "--db", url], tmp_path)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    assert f"stored as bench-model run {got['bench_id']}" in r.stderr
+    with Database(url) as database, database.session(read_only=True) as s:
+        (row,) = repo.list_model_benches(s)
+        device = repo.get_device_by_key(s, row.device_key)
+    assert row.id == got["bench_id"] and device is not None and device.num_devices == 4
+    assert (row.program, row.kwargs, row.target, row.mesh, row.strategy, row.reps) == (
+        "autotuner.examples.transformer:example", {"layers": 1}, "inproc:4", None, "ring-uni-c1-u1-loop-send", 5)
+    assert (row.plain_s, row.plain_lo_s, row.plain_hi_s) == (
+        got["plain"]["median_s"], got["plain"]["lo_s"], got["plain"]["hi_s"])
+    assert (row.overlapped_s, row.speedup, row.speedup_lo, row.speedup_hi, row.slower) == (
+        got["overlapped"]["median_s"], got["speedup"], got["speedup_lo"], got["speedup_hi"], got["slower"])
+    assert list(row.pairs) == got["pairs"] and len(row.pairs) == 4
+    assert (row.comm_s, row.predicted_saved_s, row.rel_error) == (got["comm_s"], got["predicted_saved_s"],
+                                                                  got["error"])
+    again = run(["bench-model", *EXAMPLE, "--target", "inproc:4", "--strategy", "baseline", "--reps", "5",
+                 "--no-pairs", "--json", "--db", url, "--no-store"], tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert "bench_id" not in json.loads(again.stdout)
+    with Database(url) as database, database.session(read_only=True) as s:
+        assert len(repo.list_model_benches(s)) == 1
