@@ -54,12 +54,20 @@ def last_ring(p: Problem) -> Strategy:
     return space(p)[-1]
 
 
+# A whole step chains ~30 dots (forward and backward) and its optimizer (Adam) divides each update
+# by the gradient's own scale, so the rounding of a reordered sum can reach a few times one dot's
+# tolerance (seen: 3.9e-5 on keras-hub's step with the chunked ring). A wrong shard or ring order
+# gives errors of order 1; each decomposition alone is held to TOLERANCE in tests/autotuner.
+STEP_FACTOR = 5
+
+
 def assert_close(got: Any, want: Any, dtype: str = "float32") -> None:
     leaves = jax.tree.leaves(got), jax.tree.leaves(want)
     assert len(leaves[0]) == len(leaves[1])
+    tol = TOLERANCE[dtype] * STEP_FACTOR
     for a, b in zip(*leaves, strict=True):
         err = relative_error(a, b)
-        assert err <= TOLERANCE[dtype], f"relative error {err:.3g} > {TOLERANCE[dtype]:g}"
+        assert err <= tol, f"relative error {err:.3g} > {tol:g}"
 
 
 def run_forced(fn: Callable[..., Any], args: tuple[Any, ...], want: Any, occurrences: int,
@@ -83,8 +91,11 @@ def run_forced(fn: Callable[..., Any], args: tuple[Any, ...], want: Any, occurre
 def check_model(model: str, name: str, *, extract_each: bool) -> None:
     fn, args = factory(model, name)
     want = fn(*args)
-    occurrences = sum(c for _, c in extract(fn, *args))
+    # the pass decomposes dot by dot: a grouped gather (Q/K/V, gate/up) counts once per member
+    found = extract(fn, *args)
+    occurrences = sum(c * len(getattr(p, "members", (p,))) for p, c in found)
     assert occurrences == (7 * L if name == "forward_sp" else 14 * L)
+    assert sum(c for _, c in found) == (4 * L if name == "forward_sp" else 11 * L)
 
     base = overlap(fn, strategy="baseline")
     plan = base.plan(*args)
