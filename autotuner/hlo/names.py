@@ -26,17 +26,31 @@ def op_path(op_name: str) -> tuple[bool, list[str]]:
     """(backward, the name stack's scopes) of a dot's op_name: the jit wrapper, transformation
     wrappers, einsum equations and the primitive itself left out; backward when the dot comes from
     a transpose (the gradient of a forward op)."""
-    parts = [p for p in op_name.split("/") if p]
+    parts = [p for p in _top_level(op_name) if p]
     backward = "transpose(" in op_name
     if parts and re.match(r"^p?jit\(", parts[0]):
         parts = parts[1:]
     out = []
     for p in parts:
-        c = _component(p)
-        if not c or c in _PRIMITIVES or ("->" in c and "," in c):
-            continue
-        out.append(c)
+        # a transformation wraps a whole scope, which may hold slashes: jvp(attention/qkv)
+        for c in _component(p).split("/"):
+            c = _component(c)
+            if not c or c in _PRIMITIVES or ("->" in c and "," in c):
+                continue
+            out.append(c)
     return backward, out
+
+
+def _top_level(op_name: str) -> list[str]:
+    """`op_name` split on the slashes outside parentheses."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(op_name):
+        depth += (ch == "(") - (ch == ")")
+        if ch == "/" and depth == 0:
+            parts.append(op_name[start:i])
+            start = i + 1
+    parts.append(op_name[start:])
+    return parts
 
 
 _INDEX = re.compile(r"^(?:\d+|.*_\d+)$")  # a repeated block's scope: `transformer_layer_3`, `7`
