@@ -112,22 +112,43 @@ def _dead_here(worker: str) -> bool:
     return False
 
 
-def _reclaim_stale(study: Any, now: float) -> int:
-    """Fail RUNNING trials whose lease expired (a killed worker) and queue their strategies again."""
+def _reclaim_stale(study: Any, now: float, stored: dict[str, tuple[str, float | None]] | None = None) -> int:
+    """Close RUNNING trials whose lease expired (a killed worker). A trial whose measurement the
+    worker stored before it died (`stored`: strategy key -> (status, ratio) in the database) is
+    told its ratio, so it is not measured twice; the others fail and their strategies are queued
+    again."""
     import optuna
 
+    stored = stored or {}
     n = 0
     for t in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
         lease = t.user_attrs.get("lease_until")
         expired = lease is not None and (lease < now or _dead_here(t.user_attrs.get("worker", "")))
-        if expired and "strategy_key" in t.user_attrs:
-            try:
-                study.tell(t.number, state=optuna.trial.TrialState.FAIL)
-            except (RuntimeError, ValueError):  # another worker got there first
+        key = t.user_attrs.get("strategy_key")
+        if not (expired and key):
+            continue
+        status, ratio = stored.get(key, (None, None))
+        try:
+            if status == "ok" and ratio is not None and not math.isnan(ratio):
+                study.tell(t.number, ratio)   # measured and stored, only not told: keep it
                 continue
-            study.enqueue_trial(dict(t.params), skip_if_exists=False)
-            n += 1
+            study.tell(t.number, state=optuna.trial.TrialState.FAIL)
+        except (RuntimeError, ValueError):  # another worker got there first
+            continue
+        study.enqueue_trial(dict(t.params), skip_if_exists=False)
+        n += 1
     return n
+
+
+def _stored_results(database: Any, device: Device, problem: Problem) -> dict[str, tuple[str, float | None]]:
+    """strategy key -> (status, ratio) of the newest stored measurement of each strategy."""
+    from db import repository as repo
+
+    with database.session(read_only=True) as s:
+        dev, prob = repo.get_device_by_key(s, device.key), repo.get_problem_by_key(s, problem.key)
+        if dev is None or prob is None:
+            return {}
+        return {m.strategy_key: (m.status, m.ratio) for m in repo.list_measurements(s, prob.id, dev.id)}
 
 
 def warm_start(study: Any, database: Any, device: Device, problem: Problem, valid: set[str],
@@ -209,7 +230,7 @@ def tune_problem(ts: Any, database: Any, problem: Problem, *, trials: int = 24, 
     cands = [s for s in space(problem, device) if s.method == "ring"]
     valid = {s.key for s in cands}
     study = open_study(database, url, device, problem, seed=seed)
-    _reclaim_stale(study, time.time())
+    _reclaim_stale(study, time.time(), _stored_results(database, device, problem))
     if order is None and use_model and len(cands) > trials:
         from autotuner.costmodel import order_for
 

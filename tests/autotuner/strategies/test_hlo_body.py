@@ -21,7 +21,9 @@ import pytest
 
 import autotuner
 from autotuner import Problem, Strategy
+from autotuner.strategies import check_valid
 from autotuner.strategies.canonical import canonical
+from autotuner.strategy import StrategyError
 
 DOT_OPS = ("dot", "convolution")
 SLICES = ("slice", "dynamic-slice")
@@ -282,8 +284,10 @@ def test_canonical_leaves_what_cannot_merge():
                                Strategy("ring", "bidi", 1, "full", "loop", False)], ids=lambda s: s.key)
 def test_3d_einsum_compiles_to_its_2d_program(p, flat, s):
     skip_unless(p.axis_size)
-    if s.fuse == "after" and p.pattern.kind != "all_gather":
-        pytest.skip("fuse='after' is all-gather only")
+    if s.fuse == "after" and p.pattern.kind != "all_gather":   # all-gather only: refused, not built
+        with pytest.raises(StrategyError, match="fuse"):
+            check_valid(p, s)
+        return
     got, want = op_counts(hlo(p, s)), op_counts(hlo(flat, s))
     if s.fuse == "loop" and p.pattern.kind == "all_gather":
         # known: XLA:CPU copies the local output once after the ring, as it cannot update it in
