@@ -130,9 +130,15 @@ def test_adaptive_repetitions_stop_at_the_cap_or_a_decision():
 
 
 def test_adaptive_repetitions_stop_at_once_when_the_target_is_met():
+    # the decision: a leader whose CI is already within the target stops the session, no one kept
+    d = decide([1.0, 1.01, 0.99, 1.0], {0: [0.5, 0.5, 0.51, 0.49], 1: [0.8, 0.81, 0.8, 0.79]},
+               Precision(target=0.2))
+    assert d.stop == TARGET and d.keep == () and d.leader == 0
+    # a session with a loose target stops on it (or decided), not on the budget or the cap; how
+    # many repetitions a noisy sub-millisecond einsum needs to get there is the machine's affair
     p = Problem.from_dict(PROBLEM)
     s = run_session(runner(), p, space(p)[:3], reps=4, precision=Precision(target=0.99, seconds=600))
-    assert s.stop in (TARGET, DECIDED) and s.reps == 4
+    assert s.stop in (TARGET, DECIDED) and 4 <= s.reps < 200
     if s.stop == TARGET:
         lead = max(s.candidates, key=lambda c: c.ratio)
         assert halfwidth(lead.ratio, lead.ratio_lo, lead.ratio_hi) <= 0.99
