@@ -213,7 +213,10 @@ def tune_one(ts: Any, database: Any, name: str, problem: Any, run_id: str, *, ex
                                   run_id=run_id, progress=prog, name=name, aa=aa, precision=precision)
             winner, n_trials, failed, bound_s = result.winner, result.trials, result.failed, result.bound_s
             aa_w, aa_ci = result.aa_width, list(result.aa_ci) if result.aa_ci else None
-    error = None if winner is not None else store.why_no_winner(database, ts.device, problem)
+    # a worker that found every trial of the budget claimed by the study's other workers measured
+    # nothing itself: not a failure (their winner is stored when they finish)
+    by_others = not exhaustive and n_trials == 0 and result.studied > 0
+    error = None if winner is not None or by_others else store.why_no_winner(database, ts.device, problem)
     eff = None
     if winner is not None and bound_s and winner.baseline_s and winner.winner_s:
         from autotuner.measure import efficiency
