@@ -6,9 +6,6 @@ Registers on the `autotuner` app (`autotuner.cli.common`). Progress and skipped 
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import inspect
 import json
 import math
 import sys
@@ -31,103 +28,6 @@ The mesh (both forms) has Auto axis types: GSPMD propagates shardings through pl
 
 The program is compiled, not run, on in-process CPU devices (--devices, default the mesh size, else 8). Every skipped collective/dot pair is printed with its reason (-q: only their number). Each problem gets a readable name from the dots' op_name metadata (the model's name stack, e.g. self_attention/query; grad/ for a backward dot, #2 on repeats). The file is a JSON object with "problems", "counts" and "names" (what `autotuner tune --problems` reads) unless --out ends in .jsonl (problems only, one per line) or .yaml/.yml (a YAML list). Tune it on a target of the problems' mesh size, e.g. --target inproc:4. Counts are runs per program call: occurrences times the trip counts of enclosing scan/fori_loop loops.
 """
-
-
-def _json_arg(text: str, what: str) -> Any:
-    if text.startswith("@"):
-        try:
-            text = Path(text[1:]).read_text()
-        except OSError as e:
-            fail(f"{what}: cannot read {text[1:]}: {e.strerror or e}")
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        fail(f"{what}: invalid JSON: {e.msg} (column {e.colno})")
-
-
-def _parse_mesh(text: str | None) -> dict[str, int] | None:
-    if text is None:
-        return None
-    m = _json_arg(text, "--mesh")
-    if (not isinstance(m, dict) or not m
-            or not all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v > 0
-                       for k, v in m.items())):
-        fail('--mesh: expected an object of axis name -> size, e.g. {"model": 4}')
-    return m
-
-
-def _setup_devices(n: int) -> None:
-    from autotuner.measure.targets import TargetError, prepare_inproc
-
-    if "jax" not in sys.modules:
-        prepare_inproc(n)
-        return
-    try:
-        import jax
-
-        have = jax.device_count()
-    except Exception as e:  # noqa: BLE001
-        raise TargetError(str(e)) from e
-    if have < n:
-        fail(f"needs {n} devices but JAX is already initialised with {have}")
-
-
-def _dotted(path: Path) -> str | None:
-    """`tests/models/x.py` -> `tests.models.x` when the file lies under the current directory and
-    every part is an identifier (then relative imports inside it work), else None."""
-    try:
-        rel = path.resolve().relative_to(Path.cwd().resolve())
-    except ValueError:
-        return None
-    parts = [*rel.parts[:-1], rel.stem]
-    return ".".join(parts) if all(p.isidentifier() for p in parts) else None
-
-
-def _load_target(target: str) -> Any:
-    if ":" not in target:
-        fail(f"{target!r}: expected MODULE:FUNCTION, e.g. autotuner.examples.transformer:example")
-    mod_name, _, attr = target.rpartition(":")
-    if "" not in sys.path:
-        sys.path.insert(0, "")
-    try:
-        if mod_name.endswith(".py") or "/" in mod_name:
-            path = Path(mod_name)
-            if not path.is_file():
-                fail(f"{target!r}: no file {path}")
-            dotted = _dotted(path)
-            if dotted is not None:
-                module = importlib.import_module(dotted)
-            else:
-                spec = importlib.util.spec_from_file_location(path.stem, path)
-                assert spec is not None and spec.loader is not None
-                module = importlib.util.module_from_spec(spec)
-                sys.modules[path.stem] = module
-                spec.loader.exec_module(module)
-        else:
-            module = importlib.import_module(mod_name)
-    except ImportError as e:
-        if "relative import" in str(e):
-            fail(f"{target!r}: {mod_name} uses relative imports, which need its package: run from the "
-                 "directory above the package, or name it as a dotted module (pkg.mod:FUNCTION)")
-        fail(f"{target!r}: cannot import {mod_name}: {e}")
-    obj: Any = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            fail(f"{target!r}: {mod_name} has no attribute {attr!r}")
-        obj = getattr(obj, part)
-    if not callable(obj):
-        fail(f"{target!r}: {attr} is not callable")
-    return obj
-
-
-def _make_mesh(shape: dict[str, int], explicit: bool) -> Any:
-    import jax
-    from jax.sharding import AxisType
-
-    n = math.prod(shape.values())
-    kind = AxisType.Explicit if explicit else AxisType.Auto
-    return jax.make_mesh(tuple(shape.values()), tuple(shape), axis_types=(kind,) * len(shape),
-                         devices=jax.devices()[:n])
 
 
 def _abstract_args(spec: Any, mesh: Any) -> list[Any]:
@@ -163,24 +63,6 @@ def _abstract_args(spec: Any, mesh: Any) -> list[Any]:
             fail(f"--args[{i}].spec: {e}")
         out.append(jax.ShapeDtypeStruct(tuple(shape), dtype, sharding=sharding))
     return out
-
-
-def _from_factory(factory: Any, mesh: Any, kwargs: dict[str, Any]) -> tuple[Any, tuple[Any, ...], dict[str, Any]]:
-    kw = dict(kwargs)
-    if mesh is not None:
-        try:
-            takes_mesh = "mesh" in inspect.signature(factory).parameters
-        except (TypeError, ValueError):
-            takes_mesh = False
-        if takes_mesh:
-            kw["mesh"] = mesh
-    got = factory(**kw)
-    if not isinstance(got, tuple) or len(got) not in (2, 3) or not callable(got[0]):
-        fail("the factory must return (fn, args) or (fn, args, kwargs); pass --args to treat "
-              "the target as the program itself")
-    fn, args = got[0], got[1]
-    fkw = got[2] if len(got) == 3 else {}
-    return fn, tuple(args) if isinstance(args, (list, tuple)) else (args,), dict(fkw)
 
 
 def write_problems(path: Path, problems: list[tuple[Any, int]], source: str,
@@ -232,37 +114,36 @@ def extract_cmd(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", hidden=True,
                                           help="accepted for compatibility: skipped pairs are listed by default")] = False,
 ) -> None:
-    from autotuner.measure.targets import TargetError
+    from autotuner.cli.program import json_arg, parse_kwargs, parse_mesh, setup_devices
+    from autotuner.measure.model import ModelError, call_factory, import_target, make_mesh
 
-    shape = _parse_mesh(mesh)
+    shape = parse_mesh(mesh)
     if args is not None and shape is None:
         fail("--args needs --mesh (the axes its specs name)")
     n = devices or (math.prod(shape.values()) if shape else 8)
     if shape and math.prod(shape.values()) > n:
         fail(f"--mesh {shape} needs {math.prod(shape.values())} devices; --devices is {n}")
-    fkw = _json_arg(kwargs, "--kwargs") if kwargs else {}
-    if not isinstance(fkw, dict):
-        fail("--kwargs: expected a JSON object")
+    fkw = parse_kwargs(kwargs)
+    setup_devices(n)
     try:
-        _setup_devices(n)
-    except TargetError as e:
+        obj = import_target(target)
+    except ModelError as e:
         fail(str(e))
-    obj = _load_target(target)
 
     import jax
 
     from autotuner.hlo import ExtractError, extract_report
 
-    jmesh = _make_mesh(shape, explicit) if shape else None
+    jmesh = make_mesh(shape, explicit) if shape else None
     if args is not None:
-        fn, fargs, fkwargs = obj, tuple(_abstract_args(_json_arg(args, "--args"), jmesh)), {}
+        fn, fargs, fkwargs = obj, tuple(_abstract_args(json_arg(args, "--args"), jmesh)), {}
     else:
         try:
-            fn, fargs, fkwargs = _from_factory(obj, jmesh, fkw)
-        except typer.Exit:
-            raise
-        except Exception as e:  # noqa: BLE001 - the user's factory failed
-            fail(f"{target}: the factory raised {type(e).__name__}: {e}")
+            prog = call_factory(obj, target, fkw, jmesh)
+        except ModelError as e:
+            fail(f"{e}; pass --args to treat the target as the program itself"
+                 if "must return" in str(e) else str(e))
+        fn, fargs, fkwargs = prog.fn, prog.args, prog.kwargs
     err.print(f"extracting {target} on {n} in-process CPU devices", highlight=False)
     try:
         if jmesh is not None:

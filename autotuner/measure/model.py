@@ -32,26 +32,46 @@ class Program:
     mesh: Any            # the jax Mesh built from the mesh shape given, or None
 
 
+def _dotted(path: Path) -> str | None:
+    """`tests/models/x.py` -> `tests.models.x` when the file lies under the current directory and
+    every part is an identifier (then relative imports inside it work), else None."""
+    try:
+        rel = path.resolve().relative_to(Path.cwd().resolve())
+    except ValueError:
+        return None
+    parts = [*rel.parts[:-1], rel.stem]
+    return ".".join(parts) if all(p.isidentifier() for p in parts) else None
+
+
 def import_target(target: str) -> Any:
-    """The callable MODULE:ATTR (MODULE dotted, or a path to a .py file)."""
+    """The callable MODULE:ATTR (MODULE dotted, or a path to a .py file: one under the current
+    directory is imported by its dotted name, so its relative imports work)."""
     if ":" not in target:
-        raise ModelError(f"{target!r}: expected MODULE:FACTORY, e.g. autotuner.examples.transformer:train_step")
+        raise ModelError(f"{target!r}: expected MODULE:FUNCTION, e.g. autotuner.examples.transformer:example")
     mod_name, _, attr = target.rpartition(":")
+    if "" not in sys.path:
+        sys.path.insert(0, "")
     try:
         if mod_name.endswith(".py") or "/" in mod_name:
             path = Path(mod_name)
             if not path.is_file():
                 raise ModelError(f"{target!r}: no file {path}")
-            spec = importlib.util.spec_from_file_location(path.stem, path)
-            assert spec is not None and spec.loader is not None
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[path.stem] = module
-            spec.loader.exec_module(module)
+            dotted = _dotted(path)
+            if dotted is not None:
+                module = importlib.import_module(dotted)
+            else:
+                spec = importlib.util.spec_from_file_location(path.stem, path)
+                assert spec is not None and spec.loader is not None
+                module = importlib.util.module_from_spec(spec)
+                sys.modules[path.stem] = module
+                spec.loader.exec_module(module)
         else:
-            if "" not in sys.path:
-                sys.path.insert(0, "")
             module = importlib.import_module(mod_name)
     except ImportError as e:
+        if "relative import" in str(e):
+            raise ModelError(f"{target!r}: {mod_name} uses relative imports, which need its package: run "
+                             "from the directory above the package, or name it as a dotted module "
+                             "(pkg.mod:FUNCTION)") from None
         raise ModelError(f"{target!r}: cannot import {mod_name}: {e}") from None
     obj: Any = module
     for part in attr.split("."):
@@ -75,9 +95,13 @@ def make_mesh(shape: dict[str, int], explicit: bool) -> Any:
 
 def load_factory(target: str, kwargs: dict[str, Any], mesh_shape: dict[str, int] | None,
                  explicit: bool) -> Program:
-    """Call the factory (with mesh= when a mesh shape is given and it takes `mesh`)."""
+    """Import the factory and call it (see `call_factory`) on a mesh of `mesh_shape`."""
     factory = import_target(target)
-    mesh = make_mesh(mesh_shape, explicit) if mesh_shape else None
+    return call_factory(factory, target, kwargs, make_mesh(mesh_shape, explicit) if mesh_shape else None)
+
+
+def call_factory(factory: Any, target: str, kwargs: dict[str, Any], mesh: Any) -> Program:
+    """Call the factory with `kwargs`, plus mesh= when a mesh is given and it takes `mesh`."""
     kw = dict(kwargs)
     if mesh is not None:
         try:
