@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from autotuner.hlo.evaluate import manual_computations, multiplicity
 from autotuner.hlo.pairs import Pair, find_pairs
-from autotuner.hlo.problems import _problem_for, _signature
+from autotuner.hlo.problems import match_dot
 from autotuner.hlo.shardings import MeshInfo
 from autotuner.hlo.text import PASS_THROUGH, ExtractError, HloModule, parse_hlo
 from autotuner.problem import Problem
@@ -48,21 +48,8 @@ def map_pairs(propagated: str, partitioned: str, mesh: Mapping[str, int] | MeshI
         if pair.dot.computation in manual:
             out.append(MappedPair(pair, None, "inside shard_map (already manually partitioned)", n))
             continue
-        sig = _signature(post, pair.dot)
-        reasons = []
-        result: Problem | None = None
-        cands = ([c for c in pre_dots if _signature(pre, c) == sig]
-                 + [c for c in pre_dots if _signature(pre, c) != sig and _signature(pre, c)[2] == sig[2]])
-        for cand in cands:
-            if cand.name in used:
-                continue
-            r = _problem_for(pair, post, pre, cand, info)
-            if isinstance(r, Problem):
-                result = r
-                used.add(cand.name)
-                break
-            reasons.append(r)
-        why = None if result is not None else reasons[0] if reasons else "no matching dot in the propagated module"
+        got = match_dot(pair, post, pre, pre_dots, used, info)
+        result, why = (None, got) if isinstance(got, str) else (got, None)
         out.append(MappedPair(pair, result, why, n, other_users(post, pair)))
     return out, post.num_partitions
 

@@ -199,6 +199,26 @@ def _signature(mod: HloModule, dot: Instr) -> tuple[Any, ...]:
     return (dot.op_name, dot.stack_frame, DotDims.of(mod, dot))
 
 
+def match_dot(pair: Pair, post: HloModule, pre: HloModule, pre_dots: list[Instr], used: set[str],
+              info: MeshInfo) -> Problem | str:
+    """The Problem of `pair`, read from its dot in the propagated module (a dot not in `used`, which
+    gains it), or why there is none. Candidates: the same op_name/stack frame/dimension numbers
+    first, then any dot of the same dimension numbers."""
+    sig = _signature(post, pair.dot)
+    cands = ([c for c in pre_dots if _signature(pre, c) == sig]
+             + [c for c in pre_dots if _signature(pre, c) != sig and _signature(pre, c)[2] == sig[2]])
+    reasons = []
+    for cand in cands:
+        if cand.name in used:
+            continue
+        r = _problem_for(pair, post, pre, cand, info)
+        if isinstance(r, Problem):
+            used.add(cand.name)
+            return r
+        reasons.append(r)
+    return reasons[0] if reasons else "no matching dot in the propagated module"
+
+
 def extract_from_hlo(propagated: str, partitioned: str, mesh: Mapping[str, int] | MeshInfo) -> ExtractReport:
     """Problems from the two HLO texts (before and after `spmd-partitioning`) of one module."""
     info = mesh if isinstance(mesh, MeshInfo) else MeshInfo(tuple(mesh), tuple(mesh.values()))
@@ -223,23 +243,9 @@ def extract_from_hlo(propagated: str, partitioned: str, mesh: Mapping[str, int] 
         if len(per_dot[pair.dot.name]) > 1:
             skip(skipped, where, _several(per_dot[pair.dot.name]))
             continue
-        sig = _signature(post, pair.dot)
-        reasons = []
-        result: Problem | None = None
-        # same op_name/stack frame/dimension numbers first, then any dot of the same dimensions
-        cands = ([c for c in pre_dots if _signature(pre, c) == sig]
-                 + [c for c in pre_dots if _signature(pre, c) != sig and _signature(pre, c)[2] == sig[2]])
-        for cand in cands:
-            if cand.name in used:
-                continue
-            r = _problem_for(pair, post, pre, cand, info)
-            if isinstance(r, Problem):
-                result = r
-                used.add(cand.name)
-                break
-            reasons.append(r)
-        if result is None:
-            skip(skipped, where, reasons[0] if reasons else "no matching dot in the propagated module")
+        result = match_dot(pair, post, pre, pre_dots, used, info)
+        if isinstance(result, str):
+            skip(skipped, where, result)
             continue
         mapped.append((pair, result, times.get(pair.dot.computation, 1)))
         log.debug("extract: %s -> %s", where, result.describe())
