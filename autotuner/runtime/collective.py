@@ -240,20 +240,24 @@ def collective_einsum(equation: str, lhs: Any, rhs: Any, *, mesh: Any, out_spec:
     tuned overlap of its collective (see the module docs). ``client``: an
     :class:`autotuner.runtime.client.Client` (default: :func:`autotuner.runtime.client.default_client`, from
     ``AUTOTUNER_SERVICE_URL``; none configured means the baseline)."""
-    from autotuner.strategies import build
-
     problem = problem_for(equation, lhs, rhs, mesh=mesh, out_spec=out_spec, lhs_spec=lhs_spec,
                           rhs_spec=rhs_spec)
+    return chosen_program(problem, strategy, client, mesh, "collective_einsum")(lhs, rhs)
+
+
+def chosen_program(problem: Any, strategy: Any, client: Any, mesh: Any, op: str) -> Any:
+    """`build(problem, s, mesh)` for the forced strategy, or the one every process agrees on for
+    "auto"; an "auto" choice that cannot run this problem falls back to the baseline (the same on
+    every process: a pure check of the same problem and strategy), a forced one raises."""
+    from autotuner.strategies import build
+
     chosen = _forced(strategy)
     if chosen is None:
         chosen = DECISIONS.decide(problem, client).strategy
     try:
-        fn = build(problem, chosen, mesh)
+        return build(problem, chosen, mesh)
     except StrategyError as e:
         if strategy != "auto":
             raise
-        # The same on every process (a pure check of the same problem and strategy).
-        log.warning("collective_einsum: %s cannot run %s (%s); using the baseline", chosen.key,
-                    problem.describe(), e)
-        fn = build(problem, Strategy.baseline(), mesh)
-    return fn(lhs, rhs)
+        log.warning("%s: %s cannot run %s (%s); using the baseline", op, chosen.key, problem.describe(), e)
+        return build(problem, Strategy.baseline(), mesh)

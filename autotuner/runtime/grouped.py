@@ -15,17 +15,14 @@ Returns the k results, in the order of the equations.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Sequence
 from typing import Any
 
 from autotuner.problem import GroupedProblem
-from autotuner.runtime.collective import DECISIONS, _forced, problem_for
-from autotuner.strategy import Strategy, StrategyError
+from autotuner.runtime.collective import chosen_program, problem_for
 
 __all__ = ["collective_einsums", "grouped_problem_for"]
 
-log = logging.getLogger("autotuner.runtime.grouped")
 
 
 def grouped_problem_for(equations: Sequence[str], x: Any, weights: Sequence[Any], *, mesh: Any,
@@ -52,19 +49,7 @@ def collective_einsums(equations: Sequence[str], x: Any, weights: Sequence[Any],
     """``tuple(jnp.einsum(eq, x, w) for eq, w in zip(equations, weights))``, each laid out as its
     ``out_specs`` entry, computed with the tuned grouped overlap of the one all-gather of ``x``.
     ``strategy``: "auto" (the client's answer), "baseline", a Strategy or its dict."""
-    from autotuner.strategies import build
 
     gp = grouped_problem_for(equations, x, weights, mesh=mesh, out_specs=out_specs, x_spec=x_spec,
                              weight_specs=weight_specs)
-    chosen = _forced(strategy)
-    if chosen is None:
-        chosen = DECISIONS.decide(gp, client).strategy   # type: ignore[arg-type]
-    try:
-        fn = build(gp, chosen, mesh)
-    except StrategyError as e:
-        if strategy != "auto":
-            raise
-        log.warning("collective_einsums: %s cannot run %s (%s); using the baseline", chosen.key,
-                    gp.describe(), e)
-        fn = build(gp, Strategy.baseline(), mesh)
-    return fn(x, *weights)
+    return chosen_program(gp, strategy, client, mesh, "collective_einsums")(x, *weights)
