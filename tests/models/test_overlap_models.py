@@ -55,10 +55,12 @@ def last_ring(p: Problem) -> Strategy:
 
 
 # A whole step chains ~30 dots (forward and backward) and its optimizer (Adam) divides each update
-# by the gradient's own scale, so the rounding of a reordered sum can reach a few times one dot's
-# tolerance (seen: 3.9e-5 on keras-hub's step with the chunked ring). A wrong shard or ring order
-# gives errors of order 1; each decomposition alone is held to TOLERANCE in tests/autotuner.
-STEP_FACTOR = 5
+# by the gradient's own scale, so the rounding of a reordered sum is amplified where a gradient
+# element is near Adam's epsilon, and how much depends on the CPU's dot kernels: 1.4e-5 on the
+# development machine, 1.8e-4 on CI's for keras-hub's step with the same forced rings. A wrong
+# shard, operand or ring order gives errors of order 1;
+# each decomposition alone is held to TOLERANCE in tests/autotuner.
+STEP_FACTOR = 50
 
 
 def assert_close(got: Any, want: Any, dtype: str = "float32") -> None:
