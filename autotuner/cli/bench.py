@@ -139,7 +139,7 @@ def _bench_here(tgt: Any, target: str, fkw: dict[str, Any], shape: dict[str, int
     from autotuner.measure.model import Bench, ModelError, load_factory, plan_rows
     from autotuner.measure.steps import compare, pair_breakdown, time_steps
     from autotuner.measure.targets import TargetError, TargetSession
-    from autotuner.problem import Problem
+    from autotuner.problem import problem_from_dict
     from autotuner.testing import TOLERANCE
 
     try:
@@ -156,7 +156,7 @@ def _bench_here(tgt: Any, target: str, fkw: dict[str, Any], shape: dict[str, int
         bench = Bench(prog, chosen, winners.client)
         rows = plan_rows(bench.plan)
         error = bench.error()
-        dtypes = {Problem.from_dict(r["problem"]).dtype for r in rows if r["problem"]} or {"float32"}
+        dtypes = {problem_from_dict(r["problem"]).dtype for r in rows if r["problem"]} or {"float32"}
         tol = max(2 * TOLERANCE.get(d, 2e-5) for d in dtypes)
         if not error <= tol:
             fail(f"the overlapped step differs from plain jit: relative error {error:.3g} > {tol:g}")

@@ -20,7 +20,7 @@ def bench_on_lab(tgt: Any, target: str, fkw: dict[str, Any], shape: dict[str, in
     from autotuner.lab.runner import LabRunner
     from autotuner.measure.model import HANDLER
     from autotuner.measure.steps import compare, pair_breakdown
-    from autotuner.problem import Problem
+    from autotuner.problem import problem_from_dict
     from autotuner.strategy import Strategy
     from autotuner.testing import TOLERANCE
 
@@ -43,7 +43,7 @@ def bench_on_lab(tgt: Any, target: str, fkw: dict[str, Any], shape: dict[str, in
         if "error" in got:
             fail(f"the lab could not load {target}: {got['error']}")
         rows, notes, error = got["plan"], got["notes"], float(got["rel_error"])
-        dtypes = {r["problem"]["dtype"] for r in rows if r["problem"]} or {"float32"}
+        dtypes = {problem_from_dict(r["problem"]).dtype for r in rows if r["problem"]} or {"float32"}
         tol = max(2 * TOLERANCE.get(d, 2e-5) for d in dtypes)
         if not error <= tol:
             fail(f"the overlapped step differs from plain jit: relative error {error:.3g} > {tol:g}")
@@ -53,8 +53,8 @@ def bench_on_lab(tgt: Any, target: str, fkw: dict[str, Any], shape: dict[str, in
             fail(f"the lab could not time {target}: {t['error']}")
         res = compare(t["plain"], t["overlapped"], reps)
         if pairs:
-            plan = [SimpleNamespace(applied=r["applied"], name=r["name"], count=r["count"],
-                                    problem=Problem.from_dict(r["problem"]) if r["problem"] else None,
+            plan = [SimpleNamespace(applied=r["applied"], name=r["name"], count=r["count"], member=r["member"],
+                                    problem=problem_from_dict(r["problem"]) if r["problem"] else None,
                                     strategy=Strategy.from_dict(r["strategy_dict"])) for r in rows]
             res.pairs = pair_breakdown(plan, lambda _p: runner, reps=pair_reps, log=say)
     except LabWorkerError as e:

@@ -162,7 +162,8 @@ def pair_breakdown(plan: Any, runner_for: Callable[[Any], Any], *, reps: int,
             groups[k] = (r.problem, r.strategy, PairTiming([], r.problem.key, r.strategy.key, 0))
         t = groups[k][2]
         t.names.append(r.name)
-        t.count += r.count
+        if not getattr(r, "member", None):   # a group runs once for all its dots
+            t.count += r.count
     out = []
     for problem, strategy, t in groups.values():
         if log:

@@ -20,14 +20,18 @@ How it works, per input signature (tree, shapes, dtypes, shardings, static value
    applies the same plan), and applies it only when it is `tuned` with a confidence interval above 1.0 (never slower
    by default: nearest, model or default answers stay baseline). `"baseline"` applies nothing; a
    Strategy applies it wherever `space(problem)` offers it; a callable `Problem -> Strategy` (or
-   its dict) chooses per pair. A pair whose decomposition would leave its collective in the
-   program stays baseline under `auto` (forced choices are applied, with a note): an all-gather
-   whose value is also used elsewhere (e.g. the forward input a weight gradient reuses: a shared
-   gather; a ring per dot would move the data once per dot, which no measurement covered), or,
-   with Explicit layouts, an operand relaid out away from the dot (e.g. outside the loop body).
+   its dict) chooses per pair. The dots one all-gather feeds (Q/K/V, gate/up of a gated MLP)
+   are one `GroupedProblem`, as extraction groups them: one choice, made by the group's key,
+   for all of them (the callable gets the GroupedProblem). A pair whose decomposition would
+   leave its collective in the program stays baseline under `auto` (forced choices are applied,
+   with a note): an all-gather whose value is also used by something other than the group's dots
+   (e.g. the forward input a weight gradient reuses: a shared gather; the ring would move the
+   data once more, which no measurement covered), or, with Explicit layouts, an operand relaid
+   out away from the dot (e.g. outside the loop body).
 4. *Apply.* The interpreter replaces each chosen dot by `build(problem, strategy, mesh)(lhs,
    rhs)`, taking the operand from before its relayout and handing the result to the relayout
-   after it (see `overlap_interp`); baseline pairs keep their equation (the baseline is exactly
+   after it (see `overlap_interp`); a group's ring runs at the first of its dots and each dot
+   takes its own result; baseline pairs keep their equation (the baseline is exactly
    plain jit). The rewritten program is compiled and analysed again: that checks every chosen dot
    was replaced, and with Auto layouts (GSPMD may lay the rewritten program out differently)
    finds pairs that appear only now, which are chosen for in turn (at most `MAX_ROUNDS` analyses).
@@ -59,7 +63,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from autotuner.errors import AutotunerError
-from autotuner.problem import Problem
 from autotuner.runtime.overlap_plan import Plan, PlanRow
 from autotuner.strategy import Strategy, StrategyError
 
@@ -201,7 +204,7 @@ class Overlapped:
         import jax
         from jax.sharding import AxisType
 
-        from autotuner.runtime.overlap_interp import Interpreter
+        from autotuner.runtime.overlap_interp import Action, Interpreter
         from autotuner.runtime.overlap_plan import choose, find_sites
 
         mesh = _mesh_of((args, kwargs), self.jit_kwargs)
@@ -216,7 +219,7 @@ class Overlapped:
         # (which GSPMD may choose differently around the rewritten dots), finds any new pairs.
         # Explicit layouts are part of the types, which the rewrite keeps: no new pair can appear.
         rounds = 2 if AxisType.Explicit in set(mesh.axis_types) else MAX_ROUNDS
-        actions: dict[str, tuple[Problem, Strategy]] = {}
+        actions: dict[str, Action] = {}
         rows: list[PlanRow] = []
         tags: list[str | None] = []
         notes: list[str] = []

@@ -3,8 +3,11 @@
 `Interpreter(mesh, actions)` evaluates a jaxpr as `jax.core.eval_jaxpr` does (same name stacks,
 source tracebacks and equation contexts) while tracing, with two differences:
 
-- the `dot_general` equations named in `actions` ({tag: (Problem, Strategy)}) are replaced by
-  `build(problem, strategy, mesh)` applied to their operands. Value-preserving layout equations
+- the `dot_general` equations named in `actions` ({tag: Action}) are replaced by
+  `build(problem, strategy, mesh)` applied to their operands. The k dots of a grouped gather
+  (one `GroupedProblem`, all in one jaxpr) are computed together at the first of them the
+  evaluation reaches, from the shared operand and every member's weight (each must be computed
+  by then; otherwise the group stays plain), and each member's result is bound at its own dot. Value-preserving layout equations
   (`reshard`, `sharding_constraint`) in front of an operand are looked through, so that a
   decomposed all-gather takes the operand *before* its gather (the old gather becomes dead code);
   behind the result, a relayout to the problem's output layout (the `reshard` after a dot whose
@@ -40,7 +43,7 @@ from jax.extend import linear_util as lu
 from jax.interpreters import partial_eval as pe
 from jax.sharding import AxisType, NamedSharding
 
-from autotuner.problem import Entry, Problem
+from autotuner.problem import Entry, GroupedProblem, Problem
 from autotuner.strategy import Strategy
 
 log = logging.getLogger("autotuner.runtime.overlap")
@@ -71,6 +74,16 @@ def spec_of(aval: Any) -> Spec | None:
     return tuple(out)
 
 
+@dataclass(frozen=True)
+class Action:
+    """Replace a dot by `build(problem, strategy)`; for a GroupedProblem, `tags` are the dots of
+    its members in member order (this one among them)."""
+
+    problem: Problem | GroupedProblem
+    strategy: Strategy
+    tags: tuple[str, ...] = ()
+
+
 @dataclass
 class DotInfo:
     """What tag mode records of one dot_general equation."""
@@ -95,12 +108,13 @@ class Interpreter:
     """Evaluate jaxprs while tracing; see the module docs. Dots not in `actions` are tagged."""
 
     mesh: Any = None
-    actions: dict[str, tuple[Problem, Strategy]] = field(default_factory=dict)
+    actions: dict[str, Action] = field(default_factory=dict)
     infos: dict[str, DotInfo] = field(default_factory=dict)
     applied: set[str] = field(default_factory=set)
     failed: dict[str, str] = field(default_factory=dict)   # tag or eqn path -> why not applied
     _has_dot: dict[int, bool] = field(default_factory=dict)
     _scope: list[Any] = field(default_factory=list)   # name stacks of the enclosing equations
+    _pending: dict[str, Any] = field(default_factory=dict)   # group member tag -> its computed result
 
     # -- the program -------------------------------------------------------------------------
     def run(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -151,7 +165,8 @@ class Interpreter:
                 self.infos[tag] = self._info(tag, eqn, producer, consumers)
                 if tag in self.actions:
                     with siu.user_context(eqn.source_info.traceback, name_stack=name_stack), eqn.ctx.manager:
-                        done = self._replace(tag, eqn, env, producer, consumers, skip, name_stack)
+                        done = self._replace(tag, eqn, env, producer, consumers, skip, name_stack,
+                                             jaxpr, path)
                     if done:
                         continue
                 name_stack = name_stack.extend(f"{TAG_PREFIX}{tag}__")
@@ -218,37 +233,87 @@ class Interpreter:
         return next((c for c in chain if spec_of(c.aval) == spec), v)
 
     def _replace(self, tag: str, eqn: Any, env: dict[Any, Any], producer: dict[Any, Any],
-                 consumers: dict[Any, list[Any]], skip: set[int], name_stack: Any) -> bool:
+                 consumers: dict[Any, list[Any]], skip: set[int], name_stack: Any,
+                 jaxpr: Any, path: tuple[int, ...]) -> bool:
         from autotuner.strategies import build
 
-        problem, strategy = self.actions[tag]
+        act = self.actions[tag]
+        problem, strategy = act.problem, act.strategy
         read = lambda v: v.val if isinstance(v, jcore.Literal) else env[v]  # noqa: E731
         try:
-            lhs = read(self._pick(eqn.invars[0], problem.lhs.spec, producer))
-            rhs = read(self._pick(eqn.invars[1], problem.rhs.spec, producer))
-            fn = build(problem, strategy, self.mesh)
-            with siu.set_name_stack(name_stack.extend(f"overlap[{strategy.key}]")):
-                out = fn(lhs, rhs)
-            o = eqn.outvars[0]
-            if tuple(out.shape) != tuple(o.aval.shape) or out.dtype != o.aval.dtype:
-                raise ValueError(f"the decomposition gives {out.dtype}{list(out.shape)}, the dot "
-                                 f"{o.aval.dtype}{list(o.aval.shape)}")
-            want = spec_of(o.aval)
-            if want is None or want == problem.out_spec:
-                env[o] = out
+            if isinstance(problem, GroupedProblem):
+                if tag in self.failed:      # the group could not be computed at its first dot
+                    return False
+                if tag not in self._pending:
+                    self._group(act, jaxpr, path, env, producer, name_stack)
+                member = problem.members[act.tags.index(tag)]
+                out = self._pending.pop(tag)
             else:
-                # dead code unless the result is also used as laid out
-                env[o] = jax.reshard(out, NamedSharding(self.mesh, o.aval.sharding.spec))
-                for c in self._relayouts(o, consumers):
-                    if spec_of(c.outvars[0].aval) == problem.out_spec:
-                        env[c.outvars[0]] = out
-                        skip.add(id(c))
+                member = problem
+                lhs = read(self._pick(eqn.invars[0], problem.lhs.spec, producer))
+                rhs = read(self._pick(eqn.invars[1], problem.rhs.spec, producer))
+                fn = build(problem, strategy, self.mesh)
+                with siu.set_name_stack(name_stack.extend(f"overlap[{strategy.key}]")):
+                    out = fn(lhs, rhs)
+            self._bind(eqn.outvars[0], out, member, env, consumers, skip)
         except Exception as e:  # noqa: BLE001 - this dot stays plain; plan() says why
-            self.failed[tag] = f"the decomposition could not be applied: {type(e).__name__}: {str(e)[:200]}"
-            log.debug("overlap: %s: %s", tag, self.failed[tag])
+            why = f"the decomposition could not be applied: {type(e).__name__}: {str(e)[:200]}"
+            for t in act.tags or (tag,):
+                if t not in self.applied:
+                    self.failed.setdefault(t, why)
+            log.debug("overlap: %s: %s", tag, why)
             return False
         self.applied.add(tag)
         return True
+
+    def _group(self, act: Action, jaxpr: Any, path: tuple[int, ...], env: dict[Any, Any],
+               producer: dict[Any, Any], name_stack: Any) -> None:
+        """Compute every member of a grouped gather (at the first member dot reached) into
+        `_pending`; raises (naming why) where the members cannot be computed together here."""
+        from autotuner.strategies import build
+
+        gp = act.problem
+        assert isinstance(gp, GroupedProblem)
+        prefix = tag_of(path) + "_" if path else ""
+        eqns = []
+        for t in act.tags:
+            rest = t[len(prefix):] if t.startswith(prefix) else ""
+            if not rest.isdigit() or int(rest) >= len(jaxpr.eqns):
+                raise ValueError(f"the dots of the group are not all in one jaxpr ({', '.join(act.tags)})")
+            eqns.append(jaxpr.eqns[int(rest)])
+        xs, ws = [], []
+        for m, e in zip(gp.members, eqns, strict=True):
+            i = 0 if m.pattern.operand == "lhs" else 1
+            xs.append(self._pick(e.invars[i], (m.lhs if i == 0 else m.rhs).spec, producer))
+            ws.append(self._pick(e.invars[1 - i], (m.rhs if i == 0 else m.lhs).spec, producer))
+        if any(x is not xs[0] for x in xs):
+            raise ValueError("the dots of the group do not read one gathered value")
+        read = lambda v: v.val if isinstance(v, jcore.Literal) else env[v]  # noqa: E731
+        missing = [t for t, w in zip(act.tags, ws, strict=True) if not isinstance(w, jcore.Literal) and w not in env]
+        if missing:
+            raise ValueError(f"the weight of dot {missing[0]} is computed after the group's first dot")
+        fn = build(gp, act.strategy, self.mesh)
+        with siu.set_name_stack(name_stack.extend(f"overlap[{act.strategy.key}]")):
+            outs = fn(read(xs[0]), *map(read, ws))
+        self._pending.update(zip(act.tags, outs, strict=True))
+
+    def _bind(self, o: Any, out: Any, problem: Problem, env: dict[Any, Any],
+              consumers: dict[Any, list[Any]], skip: set[int]) -> None:
+        """The dot's result var `o` gets `out`; a relayout of it to the problem's output layout
+        takes `out` directly."""
+        if tuple(out.shape) != tuple(o.aval.shape) or out.dtype != o.aval.dtype:
+            raise ValueError(f"the decomposition gives {out.dtype}{list(out.shape)}, the dot "
+                             f"{o.aval.dtype}{list(o.aval.shape)}")
+        want = spec_of(o.aval)
+        if want is None or want == problem.out_spec:
+            env[o] = out
+            return
+        # dead code unless the result is also used as laid out
+        env[o] = jax.reshard(out, NamedSharding(self.mesh, o.aval.sharding.spec))
+        for c in self._relayouts(o, consumers):
+            if spec_of(c.outvars[0].aval) == problem.out_spec:
+                env[c.outvars[0]] = out
+                skip.add(id(c))
 
     # -- sub-jaxprs --------------------------------------------------------------------------
     def _jaxpr_has_dot(self, jaxpr: Any) -> bool:

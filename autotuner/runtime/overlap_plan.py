@@ -12,11 +12,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from autotuner.hlo.compile import compile_with_hlo
+from autotuner.hlo.grouped import group_units
 from autotuner.hlo.mapping import map_pairs
 from autotuner.hlo.shardings import MeshInfo
 from autotuner.hlo.text import ExtractError
-from autotuner.problem import Problem
-from autotuner.runtime.overlap_interp import TAG_PREFIX, DotInfo, Interpreter
+from autotuner.problem import GroupedProblem, Problem
+from autotuner.runtime.overlap_interp import TAG_PREFIX, Action, DotInfo, Interpreter
 from autotuner.strategy import Strategy, StrategyError
 
 log = logging.getLogger("autotuner.runtime.overlap")
@@ -30,12 +31,13 @@ class PlanRow:
     name: str                 # the dot's name stack, e.g. transpose(jvp(bsd,df->bsf))
     where: str                # user source of the einsum (file:line (function))
     form: str                 # the collective as compiled: all-gather | reduce-scatter | all-reduce+dynamic-slice
-    problem: Problem | None
+    problem: Problem | GroupedProblem | None   # a GroupedProblem for each dot of a shared gather
     strategy: Strategy        # what runs (baseline: the plain jit equation)
     source: str               # forced | callable | tuned | nearest | model | default | unmapped | ...
     speedup: float | None     # predicted speedup of the pair (baseline time / its time), if known
     count: int                # runs per call of the program
     note: str = ""            # why baseline, or anything to know
+    member: int | None = None  # the dot's index in its GroupedProblem (None: a single problem)
 
     @property
     def key(self) -> str | None:
@@ -73,12 +75,26 @@ class Plan(list[PlanRow]):
 
 @dataclass(frozen=True)
 class Site:
-    """A pair mapped to its dot equation."""
+    """A pair mapped to its dot equation. The dots of one all-gather that feeds several of them
+    form a group: each member's site has the GroupedProblem and every member's tag."""
 
     tag: str
     problem: Problem
     info: DotInfo
     other_users: int    # all-gather: other instructions its gathered value reaches
+    group: GroupedProblem | None = None
+    tags: tuple[str, ...] = ()          # the group's dots, in member order
+    infos: tuple[DotInfo, ...] = ()
+
+    @property
+    def unit(self) -> Problem | GroupedProblem:
+        """What is chosen for and applied: the group, else the pair's Problem."""
+        return self.group if self.group is not None else self.problem
+
+    @property
+    def extra_users(self) -> int:
+        """Users of the gathered value that are not dots of this unit."""
+        return self.other_users - (len(self.tags) - 1 if self.group is not None else 0)
 
 
 def _tag(op_name: str) -> str | None:
@@ -150,6 +166,7 @@ def find_sites(tagged: Any, tagger: Interpreter, args: Sequence[Any], kwargs: di
     rows: list[Any] = []
     this_round: set[str] = set()
     mapped_tags: set[str] = set()
+    pairs: list[tuple[Any, int]] = []   # (pair, its site's index) of the mapped pairs
     for m in mapped:
         op = m.pair.dot.op_name
         tag = _tag(op)
@@ -179,12 +196,34 @@ def find_sites(tagged: Any, tagger: Interpreter, args: Sequence[Any], kwargs: di
         mapped_tags.add(tag)
         sites.append(Site(tag, m.problem, dot, m.other_users))
         rows.append(_row(name, where, m.pair.form, m.problem, "", m.times, ""))
+        pairs.append((m.pair, len(sites) - 1))
+    sites, rows = _grouped(sites, rows, pairs)
     return sites, rows, notes, compiled
 
 
-def _relayout(site: Site) -> str | None:
+def _grouped(sites: list[Site | None], rows: list[Any], pairs: list[tuple[Any, int]]
+             ) -> tuple[list[Site | None], list[Any]]:
+    """The sites of the dots one all-gather feeds, made members of their GroupedProblem (as
+    extraction groups them: `hlo.grouped.group_units`); the others unchanged."""
+    by_pair = {id(pair): i for pair, i in pairs}
+    units = group_units([(pair, sites[i].problem, rows[i].count) for pair, i in pairs])  # type: ignore[union-attr]
+    for unit, unit_pairs, _ in units:
+        if not isinstance(unit, GroupedProblem):
+            continue
+        idx = [by_pair[id(q)] for q in unit_pairs]
+        members = [sites[i] for i in idx]
+        assert all(m is not None for m in members)
+        tags = tuple(m.tag for m in members)  # type: ignore[union-attr]
+        infos = tuple(m.info for m in members)  # type: ignore[union-attr]
+        for j, i in enumerate(idx):
+            sites[i] = replace(sites[i], group=unit, tags=tags, infos=infos)  # type: ignore[type-var]
+            rows[i] = replace(rows[i], problem=unit, member=j,
+                              note=f"dot {j + 1} of the {unit.k} its all-gather feeds (one grouped problem)")
+    return sites, rows
+
+
+def _relayout(p: Problem, info: DotInfo) -> str | None:
     """With explicit layouts: why the decomposition would keep a collective outside it."""
-    p, info = site.problem, site.info
     for what, chain, spec in (("lhs", info.lhs_chain, p.lhs.spec), ("rhs", info.rhs_chain, p.rhs.spec)):
         if chain and chain[0] is not None and spec not in chain:
             return (f"the {what} reaches the dot already laid out otherwise (its relayout is outside "
@@ -197,7 +236,7 @@ def _relayout(site: Site) -> str | None:
     return None
 
 
-def _valid(problem: Problem, s: Strategy) -> str | None:
+def _valid(problem: Problem | GroupedProblem, s: Strategy) -> str | None:
     from autotuner.strategies import check_valid
 
     if s.method == "xla_windowed":
@@ -209,56 +248,70 @@ def _valid(problem: Problem, s: Strategy) -> str | None:
     return None
 
 
-def choose(mode: str, chosen: Any, client: Any, sites: list[Site | None], rows: list[Any]
-           ) -> tuple[dict[str, tuple[Problem, Strategy]], list[Any]]:
-    """({tag: (problem, strategy)} to apply, the rows with their choices)."""
+def _decide(mode: str, chosen: Any, client: Any, site: Site
+            ) -> tuple[Strategy, str, float | None, str]:
+    """(strategy, source, predicted speedup, note) for one site's unit (its group, or its pair)."""
     from autotuner.runtime.collective import DECISIONS
 
-    actions: dict[str, tuple[Problem, Strategy]] = {}
+    p = site.unit
+    speedup = None
+    note = ""
+    if mode == "baseline":
+        s, source = Strategy.baseline(), "forced"
+    elif mode == "one":
+        s, source = chosen, "forced"
+    elif mode == "callable":
+        s, source = _call(chosen, p)
+        if isinstance(s, str):
+            s, note = Strategy.baseline(), s
+    else:
+        d = DECISIONS.decide(p, client)
+        s, source, speedup = d.strategy, d.source, d.speedup
+        ci = d.confidence
+        if not s.is_baseline:
+            if source != "tuned":
+                s, note = Strategy.baseline(), f"{d.strategy.key} is a {source} answer, not tuned: baseline"
+            elif ci is None or ci[0] <= MIN_SPEEDUP_LO:
+                s, note = Strategy.baseline(), (f"{d.strategy.key}'s speedup interval "
+                                                f"{list(ci) if ci else 'is unknown'}: baseline")
+    if not s.is_baseline:
+        why = _valid(p, s)
+        if why is not None:
+            s, note = Strategy.baseline(), why
+    if not s.is_baseline:
+        members = [(site.problem, site.info)] if site.group is None else list(
+            zip(site.group.members, site.infos, strict=True))
+        why = next((w for q, info in members if (w := _relayout(q, info)) is not None), None)
+        if why is None and site.extra_users > 0:
+            why = (f"its all-gather's value is also used by {site.extra_users} other instruction(s) "
+                   "(a shared gather), so the gather would stay")
+        if why is not None and mode == "auto":
+            s, note = Strategy.baseline(), why + ": baseline"
+        elif why is not None:
+            note = why
+    return s, source, (speedup if not s.is_baseline else None), note
+
+
+def choose(mode: str, chosen: Any, client: Any, sites: list[Site | None], rows: list[Any]
+           ) -> tuple[dict[str, Action], list[Any]]:
+    """({tag: Action} to apply, the rows with their choices). The dots of a group get one choice,
+    made for their GroupedProblem."""
+    actions: dict[str, Action] = {}
     out = []
+    made: dict[tuple[str, ...], tuple[Strategy, str, float | None, str]] = {}
     for site, row in zip(sites, rows, strict=True):
         if site is None:
             out.append(row)
             continue
-        p = site.problem
-        speedup = None
-        note = ""
-        if mode == "baseline":
-            s, source = Strategy.baseline(), "forced"
-        elif mode == "one":
-            s, source = chosen, "forced"
-        elif mode == "callable":
-            s, source = _call(chosen, p)
-            if isinstance(s, str):
-                s, note = Strategy.baseline(), s
-        else:
-            d = DECISIONS.decide(p, client)
-            s, source, speedup = d.strategy, d.source, d.speedup
-            ci = d.confidence
-            if not s.is_baseline:
-                if source != "tuned":
-                    s, note = Strategy.baseline(), f"{d.strategy.key} is a {source} answer, not tuned: baseline"
-                elif ci is None or ci[0] <= MIN_SPEEDUP_LO:
-                    s, note = Strategy.baseline(), (f"{d.strategy.key}'s speedup interval "
-                                                    f"{list(ci) if ci else 'is unknown'}: baseline")
+        unit = site.tags or (site.tag,)
+        if unit not in made:
+            made[unit] = _decide(mode, chosen, client, site)
+        s, source, speedup, note = made[unit]
         if not s.is_baseline:
-            why = _valid(p, s)
-            if why is not None:
-                s, note = Strategy.baseline(), why
-        if not s.is_baseline:
-            why = _relayout(site)
-            if why is None and site.other_users:
-                why = (f"its all-gather's value is also used by {site.other_users} other instruction(s) "
-                       "(a shared gather), so the gather would stay")
-            if why is not None and mode == "auto":
-                s, note = Strategy.baseline(), why + ": baseline"
-            elif why is not None:
-                note = why
-        if not s.is_baseline:
-            actions[site.tag] = (p, s)
-        else:
-            speedup = None   # the plain equation: nothing predicted
-        out.append(replace(row, strategy=s, source=source, speedup=speedup, note=note))
+            actions[site.tag] = Action(site.unit, s, site.tags)
+        if row.note and note:
+            note = f"{row.note}; {note}"
+        out.append(replace(row, strategy=s, source=source, speedup=speedup, note=note or row.note))
     return actions, out
 
 

@@ -3,7 +3,9 @@ penzai's Llama, tests/models), sequence parallel on the 2x2 (data, model) Auto m
 
 For the forward pass and the whole training step (value_and_grad + optimizer update) of both
 models, three forced choices per pair: the baseline (exactly plain jit), the first ring of each
-pair's `space` and its last one (chunked, and for the all-gathers fused after the loop). Each
+pair's `space` and its last one (chunked, and for the all-gathers fused after the loop); the dots
+of one all-gather (Q/K/V, gate/up) are one GroupedProblem, run as one ring. Under "auto", tuned
+winners for every problem (grouped ones included) apply. Each
 overlapped function equals plain `jax.jit` within the dtype's tolerance, every pair that extraction
 maps to a Problem is decomposed, and extraction on the overlapped function finds no decomposable
 pair left. On this mesh a ring has 2 members, so its partial sums add in the all-reduce's order
@@ -21,7 +23,7 @@ import jax
 import numpy as np
 import pytest
 
-from autotuner import Problem, Strategy, space
+from autotuner import GroupedProblem, Problem, Strategy, space
 from autotuner.hlo import extract, extract_report
 from autotuner.runtime.overlap import overlap
 from autotuner.testing import TOLERANCE, relative_error
@@ -83,6 +85,10 @@ def run_forced(fn: Callable[..., Any], args: tuple[Any, ...], want: Any, occurre
     assert applied == mapped, "\n" + str(plan)
     assert sum(r.count for r in applied) == occurrences, "\n" + str(plan)
     assert all(r.strategy == chooser(r.problem) and r.source == "callable" for r in applied)
+    # the dots of one all-gather run as their GroupedProblem's one ring, as extraction groups them
+    grouped = sum(c * len(p.members) for p, c in extract(fn, *args) if isinstance(p, GroupedProblem))
+    assert grouped and sum(r.count for r in applied if r.member is not None) == grouped, "\n" + str(plan)
+    assert all(isinstance(r.problem, GroupedProblem) for r in applied if r.member is not None)
     assert_close(ov(*args), want)
     if check_extract:
         left = extract_report(ov, *args)
@@ -93,7 +99,7 @@ def run_forced(fn: Callable[..., Any], args: tuple[Any, ...], want: Any, occurre
 def check_model(model: str, name: str, *, extract_each: bool) -> None:
     fn, args = factory(model, name)
     want = fn(*args)
-    # the pass decomposes dot by dot: a grouped gather (Q/K/V, gate/up) counts once per member
+    # a grouped gather (Q/K/V, gate/up) is one problem of k dots; the plan has a row per dot
     found = extract(fn, *args)
     occurrences = sum(c * len(getattr(p, "members", (p,))) for p, c in found)
     assert occurrences == (7 * L if name == "forward_sp" else 14 * L)
@@ -124,3 +130,34 @@ def test_train_step_sp_forced_strategies(model: str) -> None:
     """The backward pairs (input gradients) are decomposed too; the weight gradients' gathers are
     not Problems (they also contract the data-sharded batch) and stay."""
     check_model(model, "train_step_sp", extract_each=False)
+
+
+@pytest.mark.parametrize("model", ["keras_hub_llama", "penzai_llama"])
+def test_auto_applies_tuned_winners_of_grouped_and_single_problems(model: str, tmp_path: Any) -> None:
+    """A snapshot with a confident ring winner for every problem extraction finds on the forward
+    pass (grouped Q/K/V and gate/up, single attention-out and MLP-down): every pair runs it."""
+    import json
+
+    from autotuner import Device
+    from autotuner.runtime.client import Client
+    from autotuner.runtime.collective import DECISIONS
+
+    fn, args = factory(model, "forward_sp")
+    device = Device.current()
+    found = extract(fn, *args)
+    assert any(isinstance(p, GroupedProblem) for p, _ in found)
+    entries = [{"problem_key": p.key, "device_key": device.key, "strategy": first_ring(p).to_dict(),
+                "speedup": 1.3, "confidence": [1.1, 1.5], "record_id": i, "measured_at": None, "trials": 10}
+               for i, (p, _) in enumerate(found)]
+    path = tmp_path / "snapshot.json"
+    path.write_text(json.dumps({"format": "autotuner-snapshot", "version": 1, "entries": entries}))
+    DECISIONS.clear()
+    try:
+        ov = overlap(fn, client=Client(offline=str(path), device=device))
+        plan = ov.plan(*args)
+        assert all(r.applied and r.source == "tuned" and r.speedup == 1.3 for r in plan), "\n" + str(plan)
+        assert sum(r.count for r in plan if r.member is not None) == 5 * L   # q, k, v; gate, up
+        assert_close(ov(*args), fn(*args))
+        assert extract_report(ov, *args).problems == []
+    finally:
+        DECISIONS.clear()
