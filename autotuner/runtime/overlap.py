@@ -22,16 +22,19 @@ How it works, per input signature (tree, shapes, dtypes, shardings, static value
    Strategy applies it wherever `space(problem)` offers it; a callable `Problem -> Strategy` (or
    its dict) chooses per pair. The dots one all-gather feeds (Q/K/V, gate/up of a gated MLP)
    are one `GroupedProblem`, as extraction groups them: one choice, made by the group's key,
-   for all of them (the callable gets the GroupedProblem). A pair whose decomposition would
-   leave its collective in the program stays baseline under `auto` (forced choices are applied,
-   with a note): an all-gather whose value is also used by something other than the group's dots
-   (e.g. the forward input a weight gradient reuses: a shared gather; the ring would move the
-   data once more, which no measurement covered), or, with Explicit layouts, an operand relaid
-   out away from the dot (e.g. outside the loop body).
+   for all of them (the callable gets the GroupedProblem). An all-gather whose value is also
+   used elsewhere (the forward input a weight gradient reuses, the output gradient both backward
+   dots read: a shared gather) is run by the ring of its first pair, which also keeps the
+   gathered value (`strategies.build_keeping`) for the other dots of the same jaxpr; a second
+   pair on that gather is then "served" (its dot reads the kept copy, no second ring). Where no
+   dot can take the kept value the pair stays baseline under `auto` (the gather would stay
+   beside the ring); a forced choice is applied with a note. With Explicit layouts, an operand
+   relaid out away from the dot (e.g. outside the loop body) keeps a pair baseline the same way.
 4. *Apply.* The interpreter replaces each chosen dot by `build(problem, strategy, mesh)(lhs,
    rhs)`, taking the operand from before its relayout and handing the result to the relayout
    after it (see `overlap_interp`); a group's ring runs at the first of its dots and each dot
-   takes its own result; baseline pairs keep their equation (the baseline is exactly
+   takes its own result; a ring that keeps its gather runs before the first equation that needs
+   the gathered value, which takes the kept copy; baseline pairs keep their equation (the baseline is exactly
    plain jit). The rewritten program is compiled and analysed again: that checks every chosen dot
    was replaced, and with Auto layouts (GSPMD may lay the rewritten program out differently)
    finds pairs that appear only now, which are chosen for in turn (at most `MAX_ROUNDS` analyses).
@@ -262,6 +265,13 @@ class Overlapped:
                     (w for t, w in interp.failed.items() if tag and tag.startswith(t + "_")),
                     "not applied (unknown reason)")
                 r = _unapply(r, why)
+            elif r.note.startswith("served by the gathered value") and tag not in interp.served:
+                r = replace(r, note=r.note + "; but it did not reach this dot, whose all-gather stays")
+            elif r.applied and tag in actions and actions[tag].keep:
+                first = (actions[tag].tags or (tag,))[0]
+                n_kept = interp.kept.get(first, 0)
+                r = replace(r, note=r.note + (f" ({n_kept} later equation(s) take it)" if n_kept else
+                                              "; no later equation of its jaxpr takes it, so it is not passed on"))
             out.append(r)
         static = self.jit_kwargs.get("static_argnums") is not None or self.jit_kwargs.get("static_argnames")
         run = compiled if compiled is not None and not static else jitted

@@ -7,7 +7,10 @@ source tracebacks and equation contexts) while tracing, with two differences:
   `build(problem, strategy, mesh)` applied to their operands. The k dots of a grouped gather
   (one `GroupedProblem`, all in one jaxpr) are computed together at the first of them the
   evaluation reaches, from the shared operand and every member's weight (each must be computed
-  by then; otherwise the group stays plain), and each member's result is bound at its own dot. Value-preserving layout equations
+  by then; otherwise the group stays plain), and each member's result is bound at its own dot.
+  An action with `keep` (a shared gather) runs `build_keeping`, whose extra result, the gathered
+  operand, replaces the operand of the other equations of the jaxpr that read the gathered value
+  (`_gather_users`); it runs at the first of those or of its own dots (`_early`). Value-preserving layout equations
   (`reshard`, `sharding_constraint`) in front of an operand are looked through, so that a
   decomposed all-gather takes the operand *before* its gather (the old gather becomes dead code);
   behind the result, a relayout to the problem's output layout (the `reshard` after a dot whose
@@ -74,6 +77,15 @@ def spec_of(aval: Any) -> Spec | None:
     return tuple(out)
 
 
+def _gathered_spec(m: Problem) -> Spec:
+    """The layout of an all-gather problem's gathered operand after its gather."""
+    x_op, letters = (m.lhs, m.eq.lhs) if m.pattern.operand == "lhs" else (m.rhs, m.eq.rhs)
+    spec = list(x_op.spec)
+    d = letters.index(m.pattern.letter)
+    spec[d] = tuple(spec[d])[:-1]
+    return tuple(spec)
+
+
 @dataclass(frozen=True)
 class Action:
     """Replace a dot by `build(problem, strategy)`; for a GroupedProblem, `tags` are the dots of
@@ -82,6 +94,8 @@ class Action:
     problem: Problem | GroupedProblem
     strategy: Strategy
     tags: tuple[str, ...] = ()
+    keep: bool = False     # the gathered value has other users: the ring also yields it for them
+    strict: bool = False   # keep or nothing (auto): if no other user can take it, the dot stays plain
 
 
 @dataclass
@@ -115,6 +129,9 @@ class Interpreter:
     _has_dot: dict[int, bool] = field(default_factory=dict)
     _scope: list[Any] = field(default_factory=list)   # name stacks of the enclosing equations
     _pending: dict[str, Any] = field(default_factory=dict)   # group member tag -> its computed result
+    _subst: dict[int, dict[int, Any]] = field(default_factory=dict)  # id(eqn) -> {operand: kept gather}
+    kept: dict[str, int] = field(default_factory=dict)   # tag -> other users given the kept gather
+    served: set[str] = field(default_factory=set)         # equations that got a kept gather
 
     # -- the program -------------------------------------------------------------------------
     def run(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -154,11 +171,17 @@ class Interpreter:
             if not isinstance(v, jcore.Literal):
                 consumers.setdefault(v, []).append(None)  # the jaxpr's own result
         skip: set[int] = set()
+        early = self._early(jaxpr, path, producer, consumers)
         for i, eqn in enumerate(jaxpr.eqns):
             if id(eqn) in skip:
                 continue
             p = path + (i,)
             name_stack = siu.current_name_stack() + eqn.source_info.name_stack
+            for tag, act in early.get(i, ()):
+                try:   # a kept gather some user needs before the first member dot: compute it now
+                    self._group(act, tag, jaxpr, path, env, producer, consumers, name_stack, i - 1)
+                except Exception as e:  # noqa: BLE001 - the member dots try again when reached
+                    log.debug("overlap: %s could not run before its dots (%s)", tag, e)
             params = eqn.params
             if eqn.primitive.name == "dot_general":
                 tag = tag_of(p)
@@ -176,20 +199,35 @@ class Interpreter:
                 except Exception as e:  # noqa: BLE001 - bind it unchanged; its dots stay plain
                     self._fail(p, eqn, e)
                     params = eqn.params
+            invals = list(map(read, eqn.invars))
+            subst = self._subst.pop(id(eqn), {})
+            for j, v in subst.items():
+                invals[j] = v
             with siu.user_context(eqn.source_info.traceback, name_stack=name_stack), eqn.ctx.manager:
                 try:
-                    ans = eqn.primitive.bind(*map(read, eqn.invars), **eqn.primitive.get_bind_params(params))
+                    ans = eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(params))
                 except Exception as e:  # noqa: BLE001
                     if params is eqn.params:
                         raise
                     self._fail(p, eqn, e)
-                    ans = eqn.primitive.bind(*map(read, eqn.invars), **eqn.primitive.get_bind_params(eqn.params))
+                    ans = eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(eqn.params))
+            if subst:   # an operand now arrives gathered: keep the result's explicit layout
+                ans = self._relaid(eqn, ans)
+                self.served.add(tag_of(p))
             if eqn.primitive.multiple_results:
                 for v, a in zip(eqn.outvars, ans, strict=True):
                     env[v] = a
             else:
                 env[eqn.outvars[0]] = ans
         return [read(v) for v in jaxpr.outvars]
+
+    def _relaid(self, eqn: Any, ans: Any) -> Any:
+        outs = list(ans) if eqn.primitive.multiple_results else [ans]
+        for k, (o, a) in enumerate(zip(eqn.outvars, outs, strict=True)):
+            want = spec_of(o.aval)
+            if want is not None and spec_of(jax.typeof(a)) != want:
+                outs[k] = jax.reshard(a, NamedSharding(self.mesh, o.aval.sharding.spec))
+        return outs if eqn.primitive.multiple_results else outs[0]
 
     def _fail(self, p: tuple[int, ...], eqn: Any, e: Exception) -> None:
         pre = tag_of(p)
@@ -241,12 +279,13 @@ class Interpreter:
         problem, strategy = act.problem, act.strategy
         read = lambda v: v.val if isinstance(v, jcore.Literal) else env[v]  # noqa: E731
         try:
-            if isinstance(problem, GroupedProblem):
+            if isinstance(problem, GroupedProblem) or act.keep:
                 if tag in self.failed:      # the group could not be computed at its first dot
                     return False
                 if tag not in self._pending:
-                    self._group(act, jaxpr, path, env, producer, name_stack)
-                member = problem.members[act.tags.index(tag)]
+                    self._group(act, tag, jaxpr, path, env, producer, consumers, name_stack)
+                tags = act.tags or (tag,)
+                member = problem.members[tags.index(tag)] if isinstance(problem, GroupedProblem) else problem
                 out = self._pending.pop(tag)
             else:
                 member = problem
@@ -266,36 +305,110 @@ class Interpreter:
         self.applied.add(tag)
         return True
 
-    def _group(self, act: Action, jaxpr: Any, path: tuple[int, ...], env: dict[Any, Any],
-               producer: dict[Any, Any], name_stack: Any) -> None:
-        """Compute every member of a grouped gather (at the first member dot reached) into
-        `_pending`; raises (naming why) where the members cannot be computed together here."""
-        from autotuner.strategies import build
+    def _group(self, act: Action, tag: str, jaxpr: Any, path: tuple[int, ...], env: dict[Any, Any],
+               producer: dict[Any, Any], consumers: dict[Any, list[Any]], name_stack: Any,
+               at: int | None = None) -> None:
+        """Compute every member of a grouped gather (at the first member dot reached, or where `at`
+        says: the equations after it are still to run), or a single problem whose gather is kept,
+        into `_pending`; with `keep`, hand the gathered operand to the gathered value's other
+        users after that point (`_subst`). Raises (naming why) where it cannot."""
+        from autotuner.strategies import build, build_keeping
 
-        gp = act.problem
-        assert isinstance(gp, GroupedProblem)
+        members = act.problem.members if isinstance(act.problem, GroupedProblem) else (act.problem,)
+        tags = act.tags or (tag,)
         prefix = tag_of(path) + "_" if path else ""
-        eqns = []
-        for t in act.tags:
+        idx = []
+        for t in tags:
             rest = t[len(prefix):] if t.startswith(prefix) else ""
             if not rest.isdigit() or int(rest) >= len(jaxpr.eqns):
-                raise ValueError(f"the dots of the group are not all in one jaxpr ({', '.join(act.tags)})")
-            eqns.append(jaxpr.eqns[int(rest)])
+                raise ValueError(f"the dots of the group are not all in one jaxpr ({', '.join(tags)})")
+            idx.append(int(rest))
+        eqns = [jaxpr.eqns[i] for i in idx]
         xs, ws = [], []
-        for m, e in zip(gp.members, eqns, strict=True):
+        for m, e in zip(members, eqns, strict=True):
             i = 0 if m.pattern.operand == "lhs" else 1
             xs.append(self._pick(e.invars[i], (m.lhs if i == 0 else m.rhs).spec, producer))
             ws.append(self._pick(e.invars[1 - i], (m.rhs if i == 0 else m.lhs).spec, producer))
         if any(x is not xs[0] for x in xs):
             raise ValueError("the dots of the group do not read one gathered value")
         read = lambda v: v.val if isinstance(v, jcore.Literal) else env[v]  # noqa: E731
-        missing = [t for t, w in zip(act.tags, ws, strict=True) if not isinstance(w, jcore.Literal) and w not in env]
+        missing = [t for t, w in zip(tags, ws, strict=True) if not isinstance(w, jcore.Literal) and w not in env]
         if missing:
             raise ValueError(f"the weight of dot {missing[0]} is computed after the group's first dot")
-        fn = build(gp, act.strategy, self.mesh)
+        at = min(idx) if at is None else at
+        users = (self._gather_users(xs[0], _gathered_spec(members[0]), set(map(id, eqns)), at, jaxpr, consumers,
+                                   path)
+                 if act.keep else [])
+        if act.keep and act.strict and not users:
+            raise ValueError("the gathered value's other users are not dots after it in this jaxpr, "
+                             "so its all-gather would stay")
         with siu.set_name_stack(name_stack.extend(f"overlap[{act.strategy.key}]")):
-            outs = fn(read(xs[0]), *map(read, ws))
-        self._pending.update(zip(act.tags, outs, strict=True))
+            if users:
+                *outs, gathered = build_keeping(act.problem, act.strategy, self.mesh)(read(xs[0]), *map(read, ws))
+                for e, j in users:
+                    self._subst.setdefault(id(e), {})[j] = gathered
+                self.kept[tags[0]] = len(users)
+            elif isinstance(act.problem, GroupedProblem):
+                outs = list(build(act.problem, act.strategy, self.mesh)(read(xs[0]), *map(read, ws)))
+            else:
+                lhs, rhs = (xs[0], ws[0]) if members[0].pattern.operand == "lhs" else (ws[0], xs[0])
+                outs = [build(act.problem, act.strategy, self.mesh)(read(lhs), read(rhs))]
+        self._pending.update(zip(tags, outs, strict=True))
+
+    def _early(self, jaxpr: Any, path: tuple[int, ...], producer: dict[Any, Any],
+               consumers: dict[Any, list[Any]]) -> dict[int, list[tuple[str, Action]]]:
+        """{position: [(tag, action)]}: the kept gathers of this jaxpr whose gathered value some
+        other dot reads before the first of their own dots (a weight gradient the transpose
+        emits before the input gradient): they run at that position instead."""
+        prefix = tag_of(path) + "_" if path else ""
+        out: dict[int, list[tuple[str, Action]]] = {}
+        done: set[tuple[str, ...]] = set()
+        for tag, act in self.actions.items():
+            tags = act.tags or (tag,)
+            if not act.keep or tags in done or not tags[0].startswith(prefix):
+                continue
+            done.add(tags)
+            rests = [t[len(prefix):] for t in tags]
+            if not all(r.isdigit() and int(r) < len(jaxpr.eqns) for r in rests):
+                continue
+            idx = [int(r) for r in rests]
+            m0, e0 = act.problem.members[0] if isinstance(act.problem, GroupedProblem) else act.problem, jaxpr.eqns[idx[0]]
+            if e0.primitive.name != "dot_general":
+                continue
+            i0 = 0 if m0.pattern.operand == "lhs" else 1
+            x = self._pick(e0.invars[i0], (m0.lhs if i0 == 0 else m0.rhs).spec, producer)
+            members = {id(jaxpr.eqns[i]) for i in idx}
+            pos = {id(e): i for i, e in enumerate(jaxpr.eqns)}
+            users = self._gather_users(x, _gathered_spec(m0), members, -1, jaxpr, consumers, path)
+            first = min((pos[id(e)] for e, _ in users), default=len(jaxpr.eqns))
+            if first < min(idx):
+                out.setdefault(first, []).append((tags[0], act))
+        return out
+
+    def _gather_users(self, x: Any, gspec: Spec, members: set[int], first: int, jaxpr: Any,
+                      consumers: dict[Any, list[Any]], path: tuple[int, ...]) -> list[tuple[Any, int]]:
+        """(eqn, operand index) of the equations after position `first` (other than `members`)
+        that the gathered operand can serve: those reading a relayout of `x` laid out as the
+        gather's result `gspec` (Explicit layouts), and the dots reading `x` itself or a relayout
+        of it without an explicit layout (a dot gathers such an operand itself: Explicit sharding
+        rules or GSPMD). Other uses take `x` as it is."""
+        later = {id(e) for e in jaxpr.eqns[first + 1:]}
+        replaced = {id(e) for i, e in enumerate(jaxpr.eqns) if tag_of(path + (i,)) in self.actions}
+        out: list[tuple[Any, int]] = []
+        todo, seen = [x], set()
+        while todo:
+            v = todo.pop()
+            spec = spec_of(v.aval)
+            for c in consumers.get(v, []):
+                if c is None or id(c) in members or id(c) in seen or id(c) in self._subst or id(c) in replaced:
+                    continue
+                seen.add(id(c))
+                if c.primitive.name in LAYOUT_PRIMS and c.invars[0] is v:
+                    todo.append(c.outvars[0])
+                dot = c.primitive.name == "dot_general"
+                if id(c) in later and (spec == gspec or dot and (spec is None or v is x)):
+                    out += [(c, j) for j, u in enumerate(c.invars) if u is v]
+        return out
 
     def _bind(self, o: Any, out: Any, problem: Problem, env: dict[Any, Any],
               consumers: dict[Any, list[Any]], skip: set[int]) -> None:

@@ -82,6 +82,7 @@ class Site:
     problem: Problem
     info: DotInfo
     other_users: int    # all-gather: other instructions its gathered value reaches
+    collective: str = ""  # the collective's instruction name in the analysed module
     group: GroupedProblem | None = None
     tags: tuple[str, ...] = ()          # the group's dots, in member order
     infos: tuple[DotInfo, ...] = ()
@@ -194,7 +195,8 @@ def find_sites(tagged: Any, tagger: Interpreter, args: Sequence[Any], kwargs: di
             continue
         assert m.problem is not None and dot is not None and tag is not None
         mapped_tags.add(tag)
-        sites.append(Site(tag, m.problem, dot, m.other_users))
+        sites.append(Site(tag, m.problem, dot, m.other_users,
+                          m.pair.collective.name if m.pair.kind == "all_gather" else ""))
         rows.append(_row(name, where, m.pair.form, m.problem, "", m.times, ""))
         pairs.append((m.pair, len(sites) - 1))
     sites, rows = _grouped(sites, rows, pairs)
@@ -249,8 +251,9 @@ def _valid(problem: Problem | GroupedProblem, s: Strategy) -> str | None:
 
 
 def _decide(mode: str, chosen: Any, client: Any, site: Site
-            ) -> tuple[Strategy, str, float | None, str]:
-    """(strategy, source, predicted speedup, note) for one site's unit (its group, or its pair)."""
+            ) -> tuple[Strategy, str, float | None, str, bool]:
+    """(strategy, source, predicted speedup, note, keep) for one site's unit (its group, or its
+    pair); keep: the gathered value has other users, which the ring's kept copy serves."""
     from autotuner.runtime.collective import DECISIONS
 
     p = site.unit
@@ -278,18 +281,24 @@ def _decide(mode: str, chosen: Any, client: Any, site: Site
         why = _valid(p, s)
         if why is not None:
             s, note = Strategy.baseline(), why
+    keep = False
     if not s.is_baseline:
         members = [(site.problem, site.info)] if site.group is None else list(
             zip(site.group.members, site.infos, strict=True))
         why = next((w for q, info in members if (w := _relayout(q, info)) is not None), None)
         if why is None and site.extra_users > 0:
-            why = (f"its all-gather's value is also used by {site.extra_users} other instruction(s) "
-                   "(a shared gather), so the gather would stay")
+            if s.method == "ring" and site.problem.pattern.kind == "all_gather":
+                keep = True   # the ring also yields the gathered value for the other users
+                note = (f"its all-gather's value is also used by {site.extra_users} other "
+                        "instruction(s): the ring keeps the gathered value for them")
+            else:
+                why = (f"its all-gather's value is also used by {site.extra_users} other instruction(s) "
+                       "(a shared gather), so the gather would stay")
         if why is not None and mode == "auto":
             s, note = Strategy.baseline(), why + ": baseline"
         elif why is not None:
             note = why
-    return s, source, (speedup if not s.is_baseline else None), note
+    return s, source, (speedup if not s.is_baseline else None), note, keep
 
 
 def choose(mode: str, chosen: Any, client: Any, sites: list[Site | None], rows: list[Any]
@@ -298,21 +307,39 @@ def choose(mode: str, chosen: Any, client: Any, sites: list[Site | None], rows: 
     made for their GroupedProblem."""
     actions: dict[str, Action] = {}
     out = []
-    made: dict[tuple[str, ...], tuple[Strategy, str, float | None, str]] = {}
+    made: dict[tuple[str, ...], tuple[Strategy, str, float | None, str, bool]] = {}
+    owner: dict[str, tuple[tuple[str, ...], str]] = {}   # all-gather -> (the unit whose ring runs it, its name)
     for site, row in zip(sites, rows, strict=True):
         if site is None:
             out.append(row)
             continue
         unit = site.tags or (site.tag,)
+        first = owner.get(site.collective) if site.collective else None
+        if (unit not in made and first is not None and first[0] != unit and not made[first[0]][0].is_baseline
+                and _parent(first[0][0]) == _parent(site.tag)):
+            # one all-gather feeding dots of two units (forward dot and weight gradient on a mesh
+            # without a data axis): the first unit's ring keeps the gathered value, which serves
+            # this dot as it is (a second ring would move the data again); the interpreter hands
+            # it over within one jaxpr
+            src = made[first[0]][1]
+            made[unit] = (Strategy.baseline(), src, None,
+                          f"served by the gathered value that the ring of {first[1]} keeps", False)
         if unit not in made:
             made[unit] = _decide(mode, chosen, client, site)
-        s, source, speedup, note = made[unit]
+            if site.collective and site.collective not in owner and not made[unit][0].is_baseline:
+                owner[site.collective] = (unit, row.name)
+        s, source, speedup, note, keep = made[unit]
         if not s.is_baseline:
-            actions[site.tag] = Action(site.unit, s, site.tags)
+            actions[site.tag] = Action(site.unit, s, site.tags, keep=keep, strict=keep and mode == "auto")
         if row.note and note:
             note = f"{row.note}; {note}"
         out.append(replace(row, strategy=s, source=source, speedup=speedup, note=note or row.note))
     return actions, out
+
+
+def _parent(tag: str) -> str:
+    """The jaxpr a tagged dot is in (its tag less its own position)."""
+    return tag.rsplit("_", 1)[0] if "_" in tag else ""
 
 
 def _call(fn: Callable[[Problem], Any], p: Problem) -> tuple[Strategy | str, str]:

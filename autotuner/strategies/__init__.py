@@ -20,7 +20,7 @@ from autotuner.strategies.canonical import on_canonical
 from autotuner.strategies.xla import compiler_options, plain_einsum
 from autotuner.strategy import Strategy, StrategyError
 
-__all__ = ["build", "build_parts", "check_valid", "comm_out_spec", "compiler_options", "loop_trips"]
+__all__ = ["build", "build_keeping", "build_parts", "check_valid", "comm_out_spec", "compiler_options", "loop_trips"]
 
 
 def check_valid(problem: Problem | GroupedProblem, s: Strategy) -> None:
@@ -85,6 +85,23 @@ def build(problem: Problem | GroupedProblem, strategy: Strategy, mesh: Mesh
     # the ring runs on the matmul the einsum is (size-1 letters dropped, letters that travel
     # together merged), so a 3-D/4-D einsum gets the program of its 2-D form (canonical.py)
     return wrap(problem, mesh, on_canonical(problem, lambda q: impl.local_ring(q, strategy)))
+
+
+def build_keeping(unit: Problem | GroupedProblem, strategy: Strategy, mesh: Mesh
+                  ) -> Callable[..., tuple[jax.Array, ...]]:
+    """`build`'s ring for an all-gather problem (or group) that also returns the gathered operand,
+    for a program that uses the gathered value elsewhere too (a weight gradient reusing the
+    forward input), so that its all-gather goes away: `fn(x, *weights) -> (*results, gathered)`,
+    x the gathered operand whichever side of the einsum(s) it stands on, `gathered` laid out
+    without the collective axis. Each block is copied into `gathered` as it passes; the ring is
+    the grouped one (a single problem's ring here is not run on its canonical 2-D form)."""
+    if isinstance(strategy, dict):
+        strategy = Strategy.from_dict(strategy)
+    members = unit.members if isinstance(unit, GroupedProblem) else (unit,)
+    if members[0].pattern.kind != "all_gather" or strategy.method != "ring":
+        raise StrategyError("method", "keeping the gathered operand needs a ring over an all-gather")
+    check_valid(unit, strategy)
+    return grouped.wrap_keeping(members, strategy, mesh)
 
 
 def build_parts(problem: Problem | GroupedProblem, mesh: Mesh) -> tuple[Callable, Callable]:

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import Mesh
 
-from autotuner.problem import GroupedProblem
+from autotuner.problem import GroupedProblem, Problem
 from autotuner.strategies._common import Layout, check_mesh, constrain, pspec, run_loop, split
 from autotuner.strategies.allgather import _AG
 from autotuner.strategies.xla import plain_einsum
@@ -100,17 +100,33 @@ def compute_only(gp: GroupedProblem, mesh: Mesh) -> Callable[..., tuple[jax.Arra
 
 def compute_specs(gp: GroupedProblem) -> list[Sequence[Any]]:
     """The input specs of `compute_only`: the gathered operand whole, the weights as they are."""
-    xs = list(gp.gathered.spec)
-    xs[gp.pattern.dim] = xs[gp.pattern.dim][:-1]
-    return [xs, *[w.spec for w in gp.weights()]]
+    return [_gathered_spec(gp.gathered.spec, gp.pattern.dim), *[w.spec for w in gp.weights()]]
+
+
+class _Keep(_AG):
+    """A ring member that multiplies by nothing: each block of the shared operand is written into
+    the gathered buffer as it passes, so the ring also yields what the all-gather would (`keep`)."""
+
+    def __init__(self, problem: Problem, s: Strategy):
+        super().__init__(problem, s)
+        self.acc, self.odim = False, self.xdim
+
+    def partial(self, xc: jax.Array, y: jax.Array, i: Any, off: Any, k: int, sub: int = 0) -> jax.Array:
+        return xc
+
+    def init_out(self, x: jax.Array, y: jax.Array) -> jax.Array:
+        shape = list(x.shape)
+        shape[self.xdim] = self.blk * self.n
+        return jnp.zeros(shape, x.dtype)
 
 
 class _Group:
-    """The ring of the shared operand, with one `_AG` (the single ring's pieces) per member."""
+    """The ring of the shared operand, with one `_AG` (the single ring's pieces) per member, and
+    with `keep` one more that collects the gathered operand (passed the operand as its weight)."""
 
-    def __init__(self, gp: GroupedProblem, s: Strategy):
+    def __init__(self, members: Sequence[Problem], s: Strategy, keep: bool = False):
         self.s = s
-        self.ags = [_AG(m, s) for m in gp.members]
+        self.ags = [_AG(m, s) for m in members] + ([_Keep(members[0], s)] if keep else [])
         a0 = self.ags[0]
         self.n, self.lay, self.xdim, self.cs = a0.n, a0.lay, a0.xdim, a0.cs
 
@@ -226,8 +242,40 @@ class _Group:
 
 
 def local_ring(gp: GroupedProblem, s: Strategy) -> LocalFn:
-    g = _Group(gp, s)
+    g = _Group(gp.members, s)
     return g.bidi if s.direction == "bidi" else g.uni
+
+
+def wrap_keeping(members: Sequence[Problem], s: Strategy, mesh: Mesh) -> Callable[..., tuple[jax.Array, ...]]:
+    """The ring of `s` (valid for every member: `strategies.build_keeping` checks) over the one
+    all-gather of `members`, that also returns the gathered operand: `fn(x, *weights) ->
+    (*results, gathered)`, x the gathered operand whichever side of the einsums it stands on,
+    `gathered` laid out without the collective axis."""
+    check_mesh(members[0], mesh)
+    g = _Group(members, s, keep=True)
+    pat = members[0].pattern
+    x_op = members[0].lhs if pat.operand == "lhs" else members[0].rhs
+    xs = pspec(x_op.spec)
+    ws = [pspec((m.rhs if m.pattern.operand == "lhs" else m.lhs).spec) for m in members]
+    ring = g.bidi if s.direction == "bidi" else g.uni
+    outs = (*[pspec(m.out_spec) for m in members], pspec(_gathered_spec(x_op.spec, g.xdim)))
+    mapped = jax.shard_map(lambda x, *w: ring(x, *w, x), mesh=mesh, in_specs=(xs, *ws), out_specs=outs,
+                           check_vma=False)
+    dtype = jnp.dtype(members[0].dtype)
+
+    def fn(x: jax.Array, *weights: jax.Array) -> tuple[jax.Array, ...]:
+        x = constrain(jnp.asarray(x, dtype), mesh, xs)
+        w = [constrain(jnp.asarray(a, dtype), mesh, sp) for a, sp in zip(weights, ws, strict=True)]
+        return tuple(mapped(x, *w))
+
+    return fn
+
+
+def _gathered_spec(spec: Sequence[Any], dim: int) -> list[Any]:
+    """The operand's layout after the gather: the minor-most axis of `dim` dropped."""
+    out = list(spec)
+    out[dim] = tuple(out[dim])[:-1]
+    return out
 
 
 def plain_einsums(gp: GroupedProblem, mesh: Mesh) -> Callable[..., tuple[jax.Array, ...]]:
