@@ -41,7 +41,8 @@ def print_report(res: Any, plan: list[dict[str, Any]], out: Any = None) -> None:
     out.write(f"speedup {res.speedup:.3f}x [{fmt(res.speedup_lo, '.3f')}, {fmt(res.speedup_hi, '.3f')}]"
               f" (plain / overlapped, 95% interval)\n")
     if res.pairs:
-        out.write("pairs, each timed alone (ms per run; x = runs per step; baseline rows: not decomposed):\n")
+        out.write("pairs, each timed alone (ms per run; x = runs per step; baseline rows: not decomposed; "
+                  "served rows: the dot reads another ring's kept gather, its collective is gone):\n")
         head = ("problem", "strategy", "x", "baseline", "decomposed", "ratio", "collective", "einsum",
                 "saved/step")
         rows = [head] + [(t.key[:12], t.strategy, str(t.count), _ms(t.baseline_s), _ms(t.strategy_s),

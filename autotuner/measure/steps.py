@@ -74,6 +74,15 @@ def time_steps(programs: Sequence[Callable[[], Any]], *, reps: int, warmup: int 
     return samples
 
 
+SERVED = "served"   # PairTiming.strategy of a pair whose dot reads another ring's kept gather
+
+
+def served(row: Any) -> bool:
+    """A plan row whose dot reads the gathered value another pair's ring keeps."""
+    note = getattr(row, "note", "") or ""
+    return note.startswith("served by the gathered value") and "did not reach" not in note
+
+
 @dataclass
 class PairTiming:
     """One decomposed (problem, strategy) of the step, timed alone; `count`: its runs per step."""
@@ -93,7 +102,10 @@ class PairTiming:
 
     @property
     def saved_s(self) -> float | None:
-        """Predicted seconds saved per step: count x (baseline - decomposition)."""
+        """Predicted seconds saved per step: count x (baseline - decomposition); for a pair served
+        by another ring's kept gather (strategy "served"), its collective alone, which is gone."""
+        if self.strategy == SERVED:
+            return None if self.comm_s is None else self.count * self.comm_s
         if self.baseline_s is None or self.strategy_s is None:
             return None
         return self.count * (self.baseline_s - self.strategy_s)
@@ -152,14 +164,16 @@ def pair_breakdown(plan: Any, runner_for: Callable[[Any], Any], *, reps: int,
                    log: Callable[[str], None] | None = None) -> list[PairTiming]:
     """Each distinct (problem, strategy) of the plan's pairs, timed alone in one interleaved
     session of the tuner's harness (`runner_for(problem)` gives its Runner): the decomposed ones
-    against their baseline, the others (strategy `baseline`) for their collective's share."""
+    against their baseline, the others (strategy `baseline`, or `served` where the dot reads
+    another ring's kept gather, so its collective is gone) for their collective's share."""
     groups: dict[tuple[str, str], tuple[Any, Any, PairTiming]] = {}
     for r in plan:
         if r.problem is None:
             continue
-        k = (r.problem.key, r.strategy.key)
+        label = SERVED if served(r) else r.strategy.key
+        k = (r.problem.key, label)
         if k not in groups:
-            groups[k] = (r.problem, r.strategy, PairTiming([], r.problem.key, r.strategy.key, 0))
+            groups[k] = (r.problem, r.strategy, PairTiming([], r.problem.key, label, 0))
         t = groups[k][2]
         t.names.append(r.name)
         if not getattr(r, "member", None):   # a group runs once for all its dots
