@@ -141,7 +141,7 @@ def _bench_here(tgt: Any, target: str, fkw: dict[str, Any], shape: dict[str, int
     from autotuner.measure.steps import compare, pair_breakdown, time_steps
     from autotuner.measure.targets import TargetError, TargetSession
     from autotuner.problem import problem_from_dict
-    from autotuner.testing import TOLERANCE
+    from autotuner.testing import step_tolerance
 
     try:
         session = TargetSession(tgt, log=lambda m: err.print(m, highlight=False))
@@ -158,7 +158,7 @@ def _bench_here(tgt: Any, target: str, fkw: dict[str, Any], shape: dict[str, int
         rows = plan_rows(bench.plan)
         error = bench.error()
         dtypes = {problem_from_dict(r["problem"]).dtype for r in rows if r["problem"]} or {"float32"}
-        tol = max(2 * TOLERANCE.get(d, 2e-5) for d in dtypes)
+        tol = step_tolerance(dtypes)
         if not error <= tol:
             fail(f"the overlapped step differs from plain jit: relative error {error:.3g} > {tol:g}")
         err.print(f"numerics: overlapped = plain jit within {error:.2g} (relative); timing {reps} steps each",

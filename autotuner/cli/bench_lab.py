@@ -22,7 +22,7 @@ def bench_on_lab(tgt: Any, target: str, fkw: dict[str, Any], shape: dict[str, in
     from autotuner.measure.steps import compare, pair_breakdown
     from autotuner.problem import problem_from_dict
     from autotuner.strategy import Strategy
-    from autotuner.testing import TOLERANCE
+    from autotuner.testing import step_tolerance
 
     def say(m: str) -> None:
         err.print(m, highlight=False)
@@ -44,7 +44,7 @@ def bench_on_lab(tgt: Any, target: str, fkw: dict[str, Any], shape: dict[str, in
             fail(f"the lab could not load {target}: {got['error']}")
         rows, notes, error = got["plan"], got["notes"], float(got["rel_error"])
         dtypes = {problem_from_dict(r["problem"]).dtype for r in rows if r["problem"]} or {"float32"}
-        tol = max(2 * TOLERANCE.get(d, 2e-5) for d in dtypes)
+        tol = step_tolerance(dtypes)
         if not error <= tol:
             fail(f"the overlapped step differs from plain jit: relative error {error:.3g} > {tol:g}")
         say(f"numerics: overlapped = plain jit within {error:.2g} (relative); timing {reps} steps each")

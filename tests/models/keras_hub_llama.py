@@ -61,7 +61,9 @@ def layout_map(device_mesh: Any, sp: bool, layout: str = "megatron") -> Any:
 
 
 def build(mesh: Mesh, sp: bool, layout: str = "megatron") -> tuple[Any, Any]:
-    """(the compiled LlamaCausalLM, its ModelParallel distribution), variables placed on `mesh`."""
+    """(the compiled LlamaCausalLM, its ModelParallel distribution), variables placed on `mesh`.
+    The initial weights are seeded, so every process of a multi-process run builds the same model."""
+    keras.utils.set_random_seed(0)
     device_mesh = keras.distribution.DeviceMesh(tuple(mesh.devices.shape), tuple(mesh.axis_names),
                                                 list(mesh.devices.flat))
     dist = keras.distribution.ModelParallel(layout_map=layout_map(device_mesh, sp, layout),
