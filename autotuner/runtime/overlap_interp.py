@@ -77,13 +77,17 @@ def spec_of(aval: Any) -> Spec | None:
     return tuple(out)
 
 
-def _gathered_spec(m: Problem) -> Spec:
-    """The layout of an all-gather problem's gathered operand after its gather."""
-    x_op, letters = (m.lhs, m.eq.lhs) if m.pattern.operand == "lhs" else (m.rhs, m.eq.rhs)
-    spec = list(x_op.spec)
-    d = letters.index(m.pattern.letter)
-    spec[d] = tuple(spec[d])[:-1]
-    return tuple(spec)
+def _members(act: Any) -> tuple[Problem, ...]:
+    return act.problem.members if isinstance(act.problem, GroupedProblem) else (act.problem,)
+
+
+def _positions(tags: Sequence[str], jaxpr: Any, path: tuple[int, ...]) -> list[int] | None:
+    """The positions in `jaxpr` (at `path`) of the dots `tags` name; None if any is elsewhere."""
+    prefix = tag_of(path) + "_" if path else ""
+    rests = [t[len(prefix):] if t.startswith(prefix) else "" for t in tags]
+    if not all(r.isdigit() and int(r) < len(jaxpr.eqns) for r in rests):
+        return None
+    return [int(r) for r in rests]
 
 
 @dataclass(frozen=True)
@@ -284,8 +288,7 @@ class Interpreter:
                     return False
                 if tag not in self._pending:
                     self._group(act, tag, jaxpr, path, env, producer, consumers, name_stack)
-                tags = act.tags or (tag,)
-                member = problem.members[tags.index(tag)] if isinstance(problem, GroupedProblem) else problem
+                member = _members(act)[(act.tags or (tag,)).index(tag)]
                 out = self._pending.pop(tag)
             else:
                 member = problem
@@ -312,23 +315,16 @@ class Interpreter:
         says: the equations after it are still to run), or a single problem whose gather is kept,
         into `_pending`; with `keep`, hand the gathered operand to the gathered value's other
         users after that point (`_subst`). Raises (naming why) where it cannot."""
-        from autotuner.strategies import build, build_keeping
+        from autotuner.strategies import build, build_keeping, comm_out_spec
 
-        members = act.problem.members if isinstance(act.problem, GroupedProblem) else (act.problem,)
+        members = _members(act)
         tags = act.tags or (tag,)
-        prefix = tag_of(path) + "_" if path else ""
-        idx = []
-        for t in tags:
-            rest = t[len(prefix):] if t.startswith(prefix) else ""
-            if not rest.isdigit() or int(rest) >= len(jaxpr.eqns):
-                raise ValueError(f"the dots of the group are not all in one jaxpr ({', '.join(tags)})")
-            idx.append(int(rest))
+        idx = _positions(tags, jaxpr, path)
+        if idx is None:
+            raise ValueError(f"the dots of the group are not all in one jaxpr ({', '.join(tags)})")
         eqns = [jaxpr.eqns[i] for i in idx]
-        xs, ws = [], []
-        for m, e in zip(members, eqns, strict=True):
-            i = 0 if m.pattern.operand == "lhs" else 1
-            xs.append(self._pick(e.invars[i], (m.lhs if i == 0 else m.rhs).spec, producer))
-            ws.append(self._pick(e.invars[1 - i], (m.rhs if i == 0 else m.lhs).spec, producer))
+        xs, ws = map(list, zip(*(self._operands(m, e, producer) for m, e in zip(members, eqns, strict=True)),
+                               strict=True))
         if any(x is not xs[0] for x in xs):
             raise ValueError("the dots of the group do not read one gathered value")
         read = lambda v: v.val if isinstance(v, jcore.Literal) else env[v]  # noqa: E731
@@ -336,7 +332,7 @@ class Interpreter:
         if missing:
             raise ValueError(f"the weight of dot {missing[0]} is computed after the group's first dot")
         at = min(idx) if at is None else at
-        users = (self._gather_users(xs[0], _gathered_spec(members[0]), set(map(id, eqns)), at, jaxpr, consumers,
+        users = (self._gather_users(xs[0], comm_out_spec(members[0]), set(map(id, eqns)), at, jaxpr, consumers,
                                    path)
                  if act.keep else [])
         if act.keep and act.strict and not users:
@@ -360,30 +356,35 @@ class Interpreter:
         """{position: [(tag, action)]}: the kept gathers of this jaxpr whose gathered value some
         other dot reads before the first of their own dots (a weight gradient the transpose
         emits before the input gradient): they run at that position instead."""
+        from autotuner.strategies import comm_out_spec
+
         prefix = tag_of(path) + "_" if path else ""
         out: dict[int, list[tuple[str, Action]]] = {}
         done: set[tuple[str, ...]] = set()
+        pos = {id(e): i for i, e in enumerate(jaxpr.eqns)}
         for tag, act in self.actions.items():
             tags = act.tags or (tag,)
             if not act.keep or tags in done or not tags[0].startswith(prefix):
                 continue
             done.add(tags)
-            rests = [t[len(prefix):] for t in tags]
-            if not all(r.isdigit() and int(r) < len(jaxpr.eqns) for r in rests):
+            idx = _positions(tags, jaxpr, path)
+            if idx is None or jaxpr.eqns[idx[0]].primitive.name != "dot_general":
                 continue
-            idx = [int(r) for r in rests]
-            m0, e0 = act.problem.members[0] if isinstance(act.problem, GroupedProblem) else act.problem, jaxpr.eqns[idx[0]]
-            if e0.primitive.name != "dot_general":
-                continue
-            i0 = 0 if m0.pattern.operand == "lhs" else 1
-            x = self._pick(e0.invars[i0], (m0.lhs if i0 == 0 else m0.rhs).spec, producer)
+            m0 = _members(act)[0]
+            x, _ = self._operands(m0, jaxpr.eqns[idx[0]], producer)
             members = {id(jaxpr.eqns[i]) for i in idx}
-            pos = {id(e): i for i, e in enumerate(jaxpr.eqns)}
-            users = self._gather_users(x, _gathered_spec(m0), members, -1, jaxpr, consumers, path)
+            users = self._gather_users(x, comm_out_spec(m0), members, -1, jaxpr, consumers, path)
             first = min((pos[id(e)] for e, _ in users), default=len(jaxpr.eqns))
             if first < min(idx):
                 out.setdefault(first, []).append((tags[0], act))
         return out
+
+    def _operands(self, m: Problem, eqn: Any, producer: dict[Any, Any]) -> tuple[Any, Any]:
+        """(gathered operand, weight) vars of an all-gather member's dot, before their relayouts."""
+        i = 0 if m.pattern.operand == "lhs" else 1
+        x_op, w_op = (m.lhs, m.rhs) if i == 0 else (m.rhs, m.lhs)
+        return (self._pick(eqn.invars[i], x_op.spec, producer),
+                self._pick(eqn.invars[1 - i], w_op.spec, producer))
 
     def _gather_users(self, x: Any, gspec: Spec, members: set[int], first: int, jaxpr: Any,
                       consumers: dict[Any, list[Any]], path: tuple[int, ...]) -> list[tuple[Any, int]]:

@@ -26,6 +26,7 @@ from jax.sharding import Mesh
 from autotuner.problem import GroupedProblem, Problem
 from autotuner.strategies._common import Layout, check_mesh, constrain, pspec, run_loop, split
 from autotuner.strategies.allgather import _AG
+from autotuner.strategies.baseline import comm_out_spec
 from autotuner.strategies.xla import plain_einsum
 from autotuner.strategy import Strategy
 
@@ -34,16 +35,25 @@ LocalFn = Callable[..., tuple[jax.Array, ...]]
 
 def wrap(gp: GroupedProblem, mesh: Mesh, local_fn: LocalFn) -> Callable[..., tuple[jax.Array, ...]]:
     """A jittable function of the global arrays `(x, *weights)` running `local_fn` per device."""
-    check_mesh(gp.members[0], mesh)
-    xs = pspec(gp.gathered.spec)
-    ws = [pspec(w.spec) for w in gp.weights()]
-    outs = tuple(pspec(m.out_spec) for m in gp.members)
+    return _wrap(gp.members, mesh, local_fn)
+
+
+def _wrap(members: Sequence[Problem], mesh: Mesh, local_fn: LocalFn, extra_outs: Sequence[Any] = ()
+          ) -> Callable[..., tuple[jax.Array, ...]]:
+    """`wrap` over the members of one all-gather (a group, or one problem), whose `local_fn`
+    returns each member's result and then one array per `extra_outs` spec."""
+    m0 = members[0]
+    check_mesh(m0, mesh)
+    xs = pspec((m0.lhs if m0.pattern.operand == "lhs" else m0.rhs).spec)
+    ws = [pspec((m.rhs if m.pattern.operand == "lhs" else m.lhs).spec) for m in members]
+    outs = (*[pspec(m.out_spec) for m in members], *map(pspec, extra_outs))
     mapped = jax.shard_map(local_fn, mesh=mesh, in_specs=(xs, *ws), out_specs=outs, check_vma=False)
-    dtype = jnp.dtype(gp.dtype)
+    dtype = jnp.dtype(m0.dtype)
+    k = len(members)
 
     def fn(x: jax.Array, *weights: jax.Array) -> tuple[jax.Array, ...]:
-        if len(weights) != gp.k:
-            raise TypeError(f"the grouped problem has {gp.k} einsums, got {len(weights)} weights")
+        if len(weights) != k:
+            raise TypeError(f"the grouped problem has {k} einsums, got {len(weights)} weights")
         x = constrain(jnp.asarray(x, dtype), mesh, xs)
         w = [constrain(jnp.asarray(a, dtype), mesh, s) for a, s in zip(weights, ws, strict=True)]
         return tuple(mapped(x, *w))
@@ -87,20 +97,18 @@ def compute_only(gp: GroupedProblem, mesh: Mesh) -> Callable[..., tuple[jax.Arra
     axis), for the harness's T_comp."""
     pat = gp.pattern
     check_mesh(gp.members[0], mesh)
-    xs = list(gp.gathered.spec)
-    xs[pat.dim] = xs[pat.dim][:-1]
     lays = [(Layout(m, pat.axis, gp.axis_size), m.pattern.operand == "lhs") for m in gp.members]
 
     def fn(x: jax.Array, *ws: jax.Array) -> tuple[jax.Array, ...]:
         return tuple(_einsum(lay, is_lhs, x, w) for (lay, is_lhs), w in zip(lays, ws, strict=True))
 
-    return jax.shard_map(fn, mesh=mesh, in_specs=(pspec(xs), *[pspec(w.spec) for w in gp.weights()]),
+    return jax.shard_map(fn, mesh=mesh, in_specs=tuple(map(pspec, compute_specs(gp))),
                          out_specs=tuple(pspec(m.out_spec) for m in gp.members), check_vma=False)
 
 
 def compute_specs(gp: GroupedProblem) -> list[Sequence[Any]]:
     """The input specs of `compute_only`: the gathered operand whole, the weights as they are."""
-    return [_gathered_spec(gp.gathered.spec, gp.pattern.dim), *[w.spec for w in gp.weights()]]
+    return [comm_out_spec(gp.members[0]), *[w.spec for w in gp.weights()]]
 
 
 class _Keep(_AG):
@@ -250,32 +258,10 @@ def wrap_keeping(members: Sequence[Problem], s: Strategy, mesh: Mesh) -> Callabl
     """The ring of `s` (valid for every member: `strategies.build_keeping` checks) over the one
     all-gather of `members`, that also returns the gathered operand: `fn(x, *weights) ->
     (*results, gathered)`, x the gathered operand whichever side of the einsums it stands on,
-    `gathered` laid out without the collective axis."""
-    check_mesh(members[0], mesh)
+    `gathered` laid out without the collective axis (`comm_out_spec`)."""
     g = _Group(members, s, keep=True)
-    pat = members[0].pattern
-    x_op = members[0].lhs if pat.operand == "lhs" else members[0].rhs
-    xs = pspec(x_op.spec)
-    ws = [pspec((m.rhs if m.pattern.operand == "lhs" else m.lhs).spec) for m in members]
     ring = g.bidi if s.direction == "bidi" else g.uni
-    outs = (*[pspec(m.out_spec) for m in members], pspec(_gathered_spec(x_op.spec, g.xdim)))
-    mapped = jax.shard_map(lambda x, *w: ring(x, *w, x), mesh=mesh, in_specs=(xs, *ws), out_specs=outs,
-                           check_vma=False)
-    dtype = jnp.dtype(members[0].dtype)
-
-    def fn(x: jax.Array, *weights: jax.Array) -> tuple[jax.Array, ...]:
-        x = constrain(jnp.asarray(x, dtype), mesh, xs)
-        w = [constrain(jnp.asarray(a, dtype), mesh, sp) for a, sp in zip(weights, ws, strict=True)]
-        return tuple(mapped(x, *w))
-
-    return fn
-
-
-def _gathered_spec(spec: Sequence[Any], dim: int) -> list[Any]:
-    """The operand's layout after the gather: the minor-most axis of `dim` dropped."""
-    out = list(spec)
-    out[dim] = tuple(out[dim])[:-1]
-    return out
+    return _wrap(members, mesh, lambda x, *w: ring(x, *w, x), [comm_out_spec(members[0])])
 
 
 def plain_einsums(gp: GroupedProblem, mesh: Mesh) -> Callable[..., tuple[jax.Array, ...]]:
