@@ -54,7 +54,7 @@ def bench_on_lab(tgt: Any, target: str, fkw: dict[str, Any], shape: dict[str, in
         res = compare(t["plain"], t["overlapped"], reps)
         if pairs:
             plan = [SimpleNamespace(applied=r["applied"], name=r["name"], count=r["count"], member=r["member"],
-                                    note=r["note"],
+                                    served_by=r["served_by"],
                                     problem=problem_from_dict(r["problem"]) if r["problem"] else None,
                                     strategy=Strategy.from_dict(r["strategy_dict"])) for r in rows]
             res.pairs = pair_breakdown(plan, lambda _p: runner, reps=pair_reps, log=say)

@@ -126,7 +126,8 @@ def plan_rows(plan: Any) -> list[dict[str, Any]]:
     return [{"name": r.name, "key": r.key, "form": r.form, "strategy": r.strategy.key,
              "strategy_dict": r.strategy.to_dict(), "problem": r.problem.to_dict() if r.problem else None,
              "applied": r.applied, "source": r.source, "speedup": r.speedup, "saving": r.saving,
-             "count": r.count, "member": r.member, "where": r.where, "note": r.note} for r in plan]
+             "count": r.count, "member": r.member, "served_by": r.served_by, "where": r.where,
+             "note": r.note} for r in plan]
 
 
 class Bench:

@@ -77,12 +77,6 @@ def time_steps(programs: Sequence[Callable[[], Any]], *, reps: int, warmup: int 
 SERVED = "served"   # PairTiming.strategy of a pair whose dot reads another ring's kept gather
 
 
-def served(row: Any) -> bool:
-    """A plan row whose dot reads the gathered value another pair's ring keeps."""
-    note = getattr(row, "note", "") or ""
-    return note.startswith("served by the gathered value") and "did not reach" not in note
-
-
 @dataclass
 class PairTiming:
     """One decomposed (problem, strategy) of the step, timed alone; `count`: its runs per step."""
@@ -170,13 +164,13 @@ def pair_breakdown(plan: Any, runner_for: Callable[[Any], Any], *, reps: int,
     for r in plan:
         if r.problem is None:
             continue
-        label = SERVED if served(r) else r.strategy.key
+        label = SERVED if r.served_by else r.strategy.key
         k = (r.problem.key, label)
         if k not in groups:
             groups[k] = (r.problem, r.strategy, PairTiming([], r.problem.key, label, 0))
         t = groups[k][2]
         t.names.append(r.name)
-        if not getattr(r, "member", None):   # a group runs once for all its dots
+        if not r.member:   # a group runs once for all its dots
             t.count += r.count
     out = []
     for problem, strategy, t in groups.values():

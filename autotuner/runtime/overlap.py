@@ -265,8 +265,8 @@ class Overlapped:
                     (w for t, w in interp.failed.items() if tag and tag.startswith(t + "_")),
                     "not applied (unknown reason)")
                 r = _unapply(r, why)
-            elif r.note.startswith("served by the gathered value") and tag not in interp.served:
-                r = replace(r, note=r.note + "; but it did not reach this dot, whose all-gather stays")
+            elif r.served_by and tag not in interp.served:
+                r = replace(r, served_by="", note=r.note + "; but it did not reach this dot, whose all-gather stays")
             elif r.applied and tag in actions and actions[tag].keep:
                 first = (actions[tag].tags or (tag,))[0]
                 n_kept = interp.kept.get(first, 0)

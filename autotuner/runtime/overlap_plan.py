@@ -38,6 +38,7 @@ class PlanRow:
     count: int                # runs per call of the program
     note: str = ""            # why baseline, or anything to know
     member: int | None = None  # the dot's index in its GroupedProblem (None: a single problem)
+    served_by: str = ""       # the pair whose ring keeps this dot's gathered operand for it (its collective is gone)
 
     @property
     def key(self) -> str | None:
@@ -309,6 +310,7 @@ def choose(mode: str, chosen: Any, client: Any, sites: list[Site | None], rows: 
     out = []
     made: dict[tuple[str, ...], tuple[Strategy, str, float | None, str, bool]] = {}
     owner: dict[str, tuple[tuple[str, ...], str]] = {}   # all-gather -> (the unit whose ring runs it, its name)
+    served_by: dict[tuple[str, ...], str] = {}
     for site, row in zip(sites, rows, strict=True):
         if site is None:
             out.append(row)
@@ -324,6 +326,7 @@ def choose(mode: str, chosen: Any, client: Any, sites: list[Site | None], rows: 
             src = made[first[0]][1]
             made[unit] = (Strategy.baseline(), src, None,
                           f"served by the gathered value that the ring of {first[1]} keeps", False)
+            served_by[unit] = first[1]
         if unit not in made:
             made[unit] = _decide(mode, chosen, client, site)
             if site.collective and site.collective not in owner and not made[unit][0].is_baseline:
@@ -333,7 +336,8 @@ def choose(mode: str, chosen: Any, client: Any, sites: list[Site | None], rows: 
             actions[site.tag] = Action(site.unit, s, site.tags, keep=keep, strict=keep and mode == "auto")
         if row.note and note:
             note = f"{row.note}; {note}"
-        out.append(replace(row, strategy=s, source=source, speedup=speedup, note=note or row.note))
+        out.append(replace(row, strategy=s, source=source, speedup=speedup, note=note or row.note,
+                           served_by=served_by.get(unit, "")))
     return actions, out
 
 

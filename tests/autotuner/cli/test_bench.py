@@ -76,6 +76,8 @@ def test_bench_model_on_a_lab_builds_the_program_in_every_process(tmp_path):
     # forward 4 + backward 8 pairs, 1 layer: the 4 weight gradients read the kept copy of the
     # all-gather they share with a forward dot or an input gradient
     served = [p for p in got["plan"] if p["note"].startswith("served by the gathered value")]
+    assert [p for p in got["plan"] if p["served_by"]] == served
+    assert sum(t["count"] for t in got["pairs"] if t["strategy"] == "served") == 4
     assert len(got["plan"]) == 12 and len(applied) == 8 and len(served) == 4
     assert sum(t["count"] for t in got["pairs"]) == 12 and all(t["failed"] is None for t in got["pairs"])
 

@@ -129,8 +129,8 @@ def check(fn: Any, args: tuple[Any, ...], strategy: Any, dtype: str = "float32",
     mapped = [r for r in plan if r.problem is not None and r.source != "unmapped"]
     assert mapped, "the program has no decomposable pair"
     # every mapped pair decomposed, or served by another pair's ring that keeps their shared gather
-    assert all(r.applied or r.note.startswith("served by the gathered value") and "did not reach" not in r.note
-               for r in mapped), "\n" + str(plan)
+    assert all(r.applied or r.served_by and r.note.startswith("served by the gathered value")
+               and "did not reach" not in r.note for r in mapped), "\n" + str(plan)
     assert any(r.applied for r in mapped)
     if extract:
         left = EX.extract_report(ov, *args)
@@ -182,6 +182,7 @@ def test_training_step_forward_and_backward_pairs(kind, shape):
         # ring's kept copy (test_the_decomposed_collectives_leave_the_program: no gather is left)
         assert len(plan) == 12 and sum(r.applied for r in plan) == 8
         assert sum(r.note.startswith("served by the gathered value") for r in plan) == 4
+        assert {r.served_by for r in plan if r.served_by} <= {r.name for r in plan if r.applied}
 
 
 def test_auto_one_dimensional_mesh_forward_bfloat16():
@@ -301,6 +302,7 @@ def test_auto_on_a_training_step_keeps_shared_gathers_for_their_other_users(tmp_
         # a weight gradient whose all-gather the forward dot shares is itself a Problem here (no
         # data axis): it is served by the forward ring's kept copy instead of a second ring
         served = [r for r in mapped if r.note.startswith("served by the gathered value")]
+        assert [r for r in mapped if r.served_by] == served
         assert all(r.strategy.is_baseline and r.source == "tuned" for r in served)
         # (a pair that only the rewritten program shows, found in round 2, has no winner)
         rest = [r for r in mapped if r not in served and "found in round" not in r.note]
