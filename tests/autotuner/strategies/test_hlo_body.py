@@ -7,11 +7,16 @@ Read from XLA:CPU's optimised HLO (8 in-process devices, tests/conftest.py), per
   or a slice;
 - no slice of a buffer in flight (the partial einsum reads the received buffer whole);
 - no transfer depends on a dot of the same step (that would order the send after the einsum);
+- a reduce-scatter ring's partial einsums run in ring order, each after the one before (the
+  accumulator in flight computed before the next partial starts, so it is not slowed down by
+  partials that nothing needs yet); they read one element of the value before them for that,
+  which is not a re-slice of it;
 - a 3-D or 4-D einsum whose matmul is 2-D compiles to the same program as its 2-D form.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -84,12 +89,19 @@ def through(by_name: dict[str, Instr], name: str, ops: tuple[str, ...]) -> list[
     return out
 
 
+def elements(shape: str) -> int:
+    """Number of elements of an HLO array shape (`f32[2,3]{1,0}` -> 6)."""
+    dims = re.match(r"^\w+\[([\d,]*)\]", shape)
+    return 0 if dims is None else math.prod(int(d) for d in dims.group(1).split(",") if d)
+
+
 def sliced_params(callee: list[Instr]) -> set[int]:
-    """Parameter numbers of a fused computation that a slice or dynamic-slice reads."""
+    """Parameter numbers of a fused computation that a slice or dynamic-slice reads (more than
+    one element of: reading one element orders the fusion after the parameter's producer)."""
     by_name = {i.name: i for i in callee}
     out = set()
     for i in callee:
-        if i.op in SLICES and i.operands:
+        if i.op in SLICES and i.operands and elements(i.shape) > 1:
             src = by_name.get(through(by_name, i.operands[0], ("bitcast",))[-1])
             if src is not None and src.op == "parameter":
                 out.add(src.index)
@@ -193,6 +205,51 @@ def test_unrolled_all_gather_sends_never_wait_for_an_einsum(chunks):
     dots = {i.name for i in instrs if has_op(comps, i, DOT_OPS)}
     for s in (i for i in instrs if i.op == "collective-permute"):
         assert not ancestors(instrs, s.name) & dots, f"{s.name} waits for an einsum"
+
+
+def ring_order(instrs: list[Instr], dots: set[str]) -> list[int]:
+    """Per dot, how many dots it waits for, in increasing order: 0, 1, ..., m-1 when the dots run
+    one after the other."""
+    return sorted(len(ancestors(instrs, d) & dots) for d in dots)
+
+
+@pytest.mark.parametrize("chunks", [1, 2])
+@pytest.mark.parametrize(("n", "direction", "unroll"), [(4, "uni", "full"), (4, "uni", 1), (8, "bidi", "full"),
+                                                       (8, "bidi", 1), (3, "bidi", "full")])
+def test_reduce_scatter_partials_run_one_after_the_other(n, direction, unroll, chunks):
+    """A reduce-scatter ring computes its partial einsums in ring order, each after the one
+    before it, so a finished accumulator is sent while the next partial is computed instead of
+    all partials sharing the cores first (XLA:CPU starts every ready thunk)."""
+    skip_unless(n)
+    p = rs(n) if n != 3 else problem("sf,fd->sd", ([48, 48], [None, "x"]), ([48, 32], ["x", None]), ["x", None], 3)
+    s = Strategy("ring", direction, chunks, unroll, "loop", True)
+    try:
+        check_valid(p, s)
+    except StrategyError as e:
+        pytest.skip(str(e))
+    comps = hlo(p, s)
+    for c in ["ENTRY", *bodies(comps)]:
+        instrs = comps[c]
+        dots = {i.name for i in instrs if has_op(comps, i, DOT_OPS)}
+        assert ring_order(instrs, dots) == list(range(len(dots))), f"{s.key} {c}: partial einsums run side by side"
+        if c != "ENTRY":  # the body's first partial waits for the accumulators it sends
+            sent = {x for i in instrs if i.op == "collective-permute" for x in i.operands}
+            first = min(dots, key=lambda d: len(ancestors(instrs, d) & dots))
+            assert ancestors(instrs, first) & sent, f"{s.key} {c}: the first partial does not wait for the sends"
+
+
+def test_ring_order_fails_on_partials_side_by_side():
+    text = """%b (p: f32[4,4]) -> f32[4,4] {
+  %p = f32[4,4]{1,0} parameter(0)
+  %d1 = f32[4,4]{1,0} dot(%p, %p), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %d2 = f32[4,4]{1,0} dot(%p, %p), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  %d3 = f32[4,4]{1,0} dot(%d1, %p), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT %a = f32[4,4]{1,0} add(%d3, %d2)
+}
+"""
+    instrs = parse(text)["b"]
+    assert ring_order(instrs, {"d1", "d2", "d3"}) == [0, 0, 1]
+    assert ring_order(instrs, {"d1", "d3"}) == [0, 1]
 
 
 def test_the_checks_fail_on_a_body_that_breaks_them():
