@@ -8,7 +8,12 @@ leading batch letter of size 1, `bsd,df->bsf` / `bsf,fd->bsd`, the MLP projectio
 model; `4d`: the sharded width split in heads x 64, `bsd,dhk->bshk` / `bshk,hkd->bsd`), and each
 lab config, one interleaved session of every strategy in the space: the best strategy, the
 collective alone, the einsum alone, the bound, the efficiency (T_base - T_win) / (T_base -
-T_bound), and the best form's time over the 2-D form's. The suite's `qkv` is 3-D with batch 2
+T_bound), and the best form's time over the 2-D form's.
+Forms are timed in separate sessions, so `vs 2d` carries the drift between sessions (a few
+percent on this machine, more with 4 processes on 2 cores). `--confirm K` then runs K rounds,
+each a short session per form of its best strategy and its baseline, back to back: `vs 2d
+(rounds)` is the median over rounds of the form's time over the 2-D form's time of the same
+round, with the lowest and highest round, which cancels the drift. The suite's `qkv` is 3-D with batch 2
 (`bsd,dh->bsh`, s sharded): its `2d` form is the same matmul with (b, s) flattened, which a
 ring cannot reach by reshaping alone (the sharded s is not the outer letter), so it shows the
 part of the gap canonicalisation leaves. All sessions of one config run in one lab session,
@@ -20,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -32,6 +38,7 @@ from autotuner.measure.targets import Target, TargetSession
 from autotuner.problem import Problem
 from autotuner.problem.suite import suite
 from autotuner.strategies.space import space
+from autotuner.strategy import Strategy
 
 CONFIGS = ["shared:2:2gbit", "ring:4:1gbit"]
 FORMS = ("2d", "3d", "4d")
@@ -73,6 +80,28 @@ def forms(p: Problem) -> dict[str, Problem]:
                                      "out_spec": [None, axis, None], **base})}
 
 
+def confirm(ts: TargetSession, chosen: dict[str, tuple[Problem, Strategy]], k: int, reps: int,
+            cfg: str, name: str) -> dict[str, str]:
+    """K rounds, each one session per form of its best strategy (and its baseline), back to back;
+    per form: the median over rounds of its best time over the 2-D form's of the same round,
+    [lowest, highest]."""
+    if "2d" not in chosen:
+        return {}
+    ratios: dict[str, list[float]] = {f: [] for f in chosen}
+    for r in range(k):
+        times = {}
+        for form, (q, strategy) in chosen.items():
+            s = run_session(ts.runner(q), q, [strategy], reps=reps, parts=False)
+            c = next((c for c in s.ok() if c.key == strategy.key), s.baseline)
+            times[form] = c.median_s
+        print(f"[{cfg}] {name} round {r + 1}/{k}: " + " ".join(f"{f} {ms(v)}" for f, v in times.items()),
+              file=sys.stderr)
+        if all(v is not None for v in times.values()):
+            for form, v in times.items():
+                ratios[form].append(v / times["2d"])
+    return {f: f"{statistics.median(v):.3f} [{min(v):.3f}, {max(v):.3f}]" for f, v in ratios.items() if v}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", action="append", help=f"TOPOLOGY:N:RATE (default: {' '.join(CONFIGS)})")
@@ -80,6 +109,8 @@ def main() -> int:
     ap.add_argument("--forms", default=",".join(FORMS), help="comma-separated of 2d,3d,4d (default: all)")
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--json", help="also write every session as JSON lines to this file")
+    ap.add_argument("--confirm", type=int, default=0, metavar="K",
+                    help="then K rounds of one short session per form (its best and its baseline), back to back")
     args = ap.parse_args()
     wanted = set(args.shapes.split(",")) if args.shapes else None
     want_forms = [f for f in args.forms.split(",") if f]
@@ -88,8 +119,11 @@ def main() -> int:
         print(f"error: unknown form {bad[0]!r} (known: {', '.join(FORMS)})", file=sys.stderr)
         return 2
     t = Table(title="overlap gap: best strategy per form, efficiency (T_base - T_win) / (T_base - T_bound)")
-    for col in ("config", "shape", "regime", "form", "equation", "strategies", "comm ms", "comp ms", "bound ms",
-                "baseline ms", "best ms", "IQR ms", "best", "eff", "vs 2d"):
+    cols = ["config", "shape", "regime", "form", "equation", "strategies", "comm ms", "comp ms", "bound ms",
+            "baseline ms", "best ms", "IQR ms", "best", "eff", "vs 2d"]
+    if args.confirm:
+        cols.append(f"vs 2d ({args.confirm} rounds)")
+    for col in cols:
         t.add_column(col, no_wrap=col in ("config", "best", "equation"))
     sink = open(args.json, "w") if args.json else None  # noqa: SIM115
     print(f"loadavg before: {open('/proc/loadavg').read().strip()}", file=sys.stderr)
@@ -101,6 +135,8 @@ def main() -> int:
                 if wanted and name not in wanted:
                     continue
                 best_2d = None
+                rows: list[list[str]] = []
+                chosen: dict[str, tuple[Problem, object]] = {}
                 for form, q in forms(p).items():
                     if form not in want_forms:
                         continue
@@ -111,13 +147,23 @@ def main() -> int:
                     best = s.best()
                     if form == "2d":
                         best_2d = best.median_s
+                    chosen[form] = (q, Strategy.from_dict(best.strategy))
                     rel = "-" if best_2d is None or best.median_s is None else f"{best.median_s / best_2d:.3f}"
-                    t.add_row(cfg, name, regime, form, q.equation, str(len(strategies)), ms(s.comm_s), ms(s.comp_s),
-                              ms(s.bound_s), ms(s.baseline.median_s), ms(best.median_s), ms(best.iqr_s), best.key,
-                              "-" if best.efficiency is None else f"{best.efficiency:.2f}", rel)
+                    rows.append([cfg, name, regime, form, q.equation, str(len(strategies)), ms(s.comm_s), ms(s.comp_s),
+                                 ms(s.bound_s), ms(s.baseline.median_s), ms(best.median_s), ms(best.iqr_s), best.key,
+                                 "-" if best.efficiency is None else f"{best.efficiency:.2f}", rel])
                     if sink:
                         sink.write(json.dumps({"config": cfg, "shape": name, "form": form, "session": s.to_dict()}) + "\n")
                         sink.flush()
+                if args.confirm:
+                    rounds = confirm(ts, chosen, args.confirm, args.reps, cfg, name)
+                    for row in rows:
+                        row.append(rounds.get(row[3], "-"))
+                    if sink:
+                        sink.write(json.dumps({"config": cfg, "shape": name, "confirm": rounds}) + "\n")
+                        sink.flush()
+                for row in rows:
+                    t.add_row(*row)
         print(f"[{cfg}] done in {time.time() - t0:.0f} s", file=sys.stderr)
     out.print(t)
     print(f"loadavg after: {open('/proc/loadavg').read().strip()} ({os.cpu_count()} cores)")
