@@ -10,10 +10,12 @@ lab config, one interleaved session of every strategy in the space: the best str
 collective alone, the einsum alone, the bound, the efficiency (T_base - T_win) / (T_base -
 T_bound), and the best form's time over the 2-D form's.
 Forms are timed in separate sessions, so `vs 2d` carries the drift between sessions (a few
-percent on this machine, more with 4 processes on 2 cores). `--confirm K` then runs K rounds,
-each a short session per form of its best strategy and its baseline, back to back: `vs 2d
-(rounds)` is the median over rounds of the form's time over the 2-D form's time of the same
-round, with the lowest and highest round, which cancels the drift. The suite's `qkv` is 3-D with batch 2
+percent on this machine, more with 4 processes on 2 cores), and the forms' best strategies may
+differ (each session picks among strategies within its noise). `--confirm K` then runs K
+rounds, each a short session per form back to back, timing the 2-D form's best strategy and the
+form's own best: `2d's best, vs 2d` is the median over rounds of that one strategy's time on the
+form over its time on the 2-D form in the same round [lowest, highest round] (what the form
+costs), `own best, vs 2d` the same for each form's own best (what separate choices add). The suite's `qkv` is 3-D with batch 2
 (`bsd,dh->bsh`, s sharded): its `2d` form is the same matmul with (b, s) flattened, which a
 ring cannot reach by reshaping alone (the sharded s is not the outer letter), so it shows the
 part of the gap canonicalisation leaves. All sessions of one config run in one lab session,
@@ -81,25 +83,34 @@ def forms(p: Problem) -> dict[str, Problem]:
 
 
 def confirm(ts: TargetSession, chosen: dict[str, tuple[Problem, Strategy]], k: int, reps: int,
-            cfg: str, name: str) -> dict[str, str]:
-    """K rounds, each one session per form of its best strategy (and its baseline), back to back;
-    per form: the median over rounds of its best time over the 2-D form's of the same round,
-    [lowest, highest]."""
+            cfg: str, name: str) -> dict[str, tuple[str, str]]:
+    """K rounds, each one session per form, back to back, timing its baseline, the 2-D form's best
+    strategy and its own best. Per form: (the 2-D form's best strategy on this form over the same
+    strategy on the 2-D form, this form's best over the 2-D form's best), each the median over
+    rounds of the ratio within a round [lowest, highest]. The first isolates what the form costs;
+    the second adds what choosing among the strategies in separate sessions costs."""
     if "2d" not in chosen:
         return {}
-    ratios: dict[str, list[float]] = {f: [] for f in chosen}
+    ref = chosen["2d"][1]
+    same: dict[str, list[float]] = {f: [] for f in chosen}
+    own: dict[str, list[float]] = {f: [] for f in chosen}
     for r in range(k):
-        times = {}
-        for form, (q, strategy) in chosen.items():
-            s = run_session(ts.runner(q), q, [strategy], reps=reps, parts=False)
-            c = next((c for c in s.ok() if c.key == strategy.key), s.baseline)
-            times[form] = c.median_s
-        print(f"[{cfg}] {name} round {r + 1}/{k}: " + " ".join(f"{f} {ms(v)}" for f, v in times.items()),
-              file=sys.stderr)
-        if all(v is not None for v in times.values()):
-            for form, v in times.items():
-                ratios[form].append(v / times["2d"])
-    return {f: f"{statistics.median(v):.3f} [{min(v):.3f}, {max(v):.3f}]" for f, v in ratios.items() if v}
+        t_same, t_own = {}, {}
+        for form, (q, best) in chosen.items():
+            s = run_session(ts.runner(q), q, [ref] if best == ref else [ref, best], reps=reps, parts=False)
+            by_key = {c.key: c.median_s for c in [s.baseline, *s.ok()]}
+            t_same[form], t_own[form] = by_key.get(ref.key), by_key.get(best.key)
+        print(f"[{cfg}] {name} round {r + 1}/{k}: " + " ".join(
+            f"{f} {ms(t_same[f])} (own best {ms(t_own[f])})" for f in chosen), file=sys.stderr)
+        for times, ratios in ((t_same, same), (t_own, own)):
+            if all(v is not None for v in times.values()):
+                for form, v in times.items():
+                    ratios[form].append(v / times["2d"])
+
+    def fmt(v: list[float]) -> str:
+        return f"{statistics.median(v):.3f} [{min(v):.3f}, {max(v):.3f}]" if v else "-"
+
+    return {f: (fmt(same[f]), fmt(own[f])) for f in chosen}
 
 
 def main() -> int:
@@ -122,7 +133,7 @@ def main() -> int:
     cols = ["config", "shape", "regime", "form", "equation", "strategies", "comm ms", "comp ms", "bound ms",
             "baseline ms", "best ms", "IQR ms", "best", "eff", "vs 2d"]
     if args.confirm:
-        cols.append(f"vs 2d ({args.confirm} rounds)")
+        cols += [f"2d's best, vs 2d ({args.confirm} rounds)", f"own best, vs 2d ({args.confirm} rounds)"]
     for col in cols:
         t.add_column(col, no_wrap=col in ("config", "best", "equation"))
     sink = open(args.json, "w") if args.json else None  # noqa: SIM115
@@ -158,7 +169,7 @@ def main() -> int:
                 if args.confirm:
                     rounds = confirm(ts, chosen, args.confirm, args.reps, cfg, name)
                     for row in rows:
-                        row.append(rounds.get(row[3], "-"))
+                        row.extend(rounds.get(row[3], ("-", "-")))
                     if sink:
                         sink.write(json.dumps({"config": cfg, "shape": name, "confirm": rounds}) + "\n")
                         sink.flush()
