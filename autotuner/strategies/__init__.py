@@ -94,7 +94,7 @@ def build_keeping(unit: Problem | GroupedProblem, strategy: Strategy, mesh: Mesh
     forward input), so that its all-gather goes away: `fn(x, *weights) -> (*results, gathered)`,
     x the gathered operand whichever side of the einsum(s) it stands on, `gathered` laid out
     without the collective axis. Each block is copied into `gathered` as it passes; the ring is
-    the grouped one (a single problem's ring here is not run on its canonical 2-D form)."""
+    the grouped one, and a single problem's runs on its canonical matmul as `build`'s does."""
     if isinstance(strategy, dict):
         strategy = Strategy.from_dict(strategy)
     members = unit.members if isinstance(unit, GroupedProblem) else (unit,)

@@ -15,6 +15,7 @@ results as a tuple, each laid out as its member's `out_spec`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -27,6 +28,7 @@ from autotuner.problem import GroupedProblem, Problem
 from autotuner.strategies._common import Layout, check_mesh, constrain, pspec, run_loop, split
 from autotuner.strategies.allgather import _AG
 from autotuner.strategies.baseline import comm_out_spec
+from autotuner.strategies.canonical import canonical, local_shape
 from autotuner.strategies.xla import plain_einsum
 from autotuner.strategy import Strategy
 
@@ -259,9 +261,26 @@ def wrap_keeping(members: Sequence[Problem], s: Strategy, mesh: Mesh) -> Callabl
     all-gather of `members`, that also returns the gathered operand: `fn(x, *weights) ->
     (*results, gathered)`, x the gathered operand whichever side of the einsums it stands on,
     `gathered` laid out without the collective axis (`comm_out_spec`)."""
-    g = _Group(members, s, keep=True)
+    m0 = members[0]
+    cp = canonical(m0) if len(members) == 1 else None
+    g = _Group([cp] if cp is not None else members, s, keep=True)
     ring = g.bidi if s.direction == "bidi" else g.uni
-    return _wrap(members, mesh, lambda x, *w: ring(x, *w, x), [comm_out_spec(members[0])])
+    if cp is None:
+        return _wrap(members, mesh, lambda x, *w: ring(x, *w, x), [comm_out_spec(m0)])
+    # one problem: the ring runs on its canonical matmul, as `build` runs it (canonical.py);
+    # operands reshaped in, result and gathered operand reshaped out (bitcasts)
+    xs, ws = ("lhs", "rhs") if m0.pattern.operand == "lhs" else ("rhs", "lhs")
+    x_c, w_c, out = local_shape(cp, xs), local_shape(cp, ws), local_shape(m0, "out")
+    mesh_shape = m0.mesh_shape
+    full = (m0.lhs if xs == "lhs" else m0.rhs).shape
+    kept = tuple(d // math.prod(mesh_shape[a] for a in e) for d, e in zip(full, comm_out_spec(m0), strict=True))
+
+    def local(x: jax.Array, w: jax.Array) -> tuple[jax.Array, jax.Array]:
+        xc = x.reshape(x_c)
+        res, gathered = ring(xc, w.reshape(w_c), xc)
+        return res.reshape(out), gathered.reshape(kept)
+
+    return _wrap(members, mesh, local, [comm_out_spec(m0)])
 
 
 def plain_einsums(gp: GroupedProblem, mesh: Mesh) -> Callable[..., tuple[jax.Array, ...]]:
