@@ -403,3 +403,26 @@ def test_a_kept_3d_ring_runs_its_2d_program(p, flat, s):
         if 0 < extra <= 2:
             got[0][k] -= extra
     assert got == want, f"{p.equation} vs {flat.equation} with {s.key}"
+
+
+@pytest.mark.parametrize(("n", "direction"), [(4, "uni"), (8, "bidi")])
+def test_the_chain_keeps_other_blocks_exact_when_one_is_not_finite(n, direction):
+    """The chain reads one element of each accumulator into a slice offset; an inf or NaN there
+    must not move the slice: the blocks that are finite stay equal to the einsum's."""
+    import numpy as np
+
+    from autotuner.testing import inputs
+
+    skip_unless(n)
+    p = rs(n)
+    mesh = jax.make_mesh((n,), ("x",), devices=jax.devices()[:n])
+    a, b = inputs(p, seed=1)
+    a = np.array(a)
+    a[0, :] = np.inf  # output row 0 (block 0) becomes inf/NaN
+    ref = np.einsum("sf,fd->sd", a.astype(np.float64), np.asarray(b, np.float64))
+    for chunks in (1, 2):
+        s = Strategy("ring", direction, chunks, "full", "loop", True)
+        out = np.asarray(jax.jit(autotuner.build(p, s, mesh))(a, b))
+        blk = p.lhs.shape[0] // n
+        assert not np.isfinite(out[0]).all()
+        np.testing.assert_allclose(out[blk:], ref[blk:], rtol=1e-4, atol=1e-4, err_msg=s.key)
