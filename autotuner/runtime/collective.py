@@ -27,7 +27,7 @@ from typing import Any
 
 from autotuner.errors import AutotunerError
 from autotuner.problem import Problem
-from autotuner.strategy import Strategy, StrategyError
+from autotuner.strategy import Strategy, StrategyError, parse_choice
 
 __all__ = ["DECISIONS", "Decision", "DecisionError", "DecisionTable", "collective_einsum", "decisions",
            "problem_for"]
@@ -168,19 +168,6 @@ def problem_for(equation: str, lhs: Any, rhs: Any, *, mesh: Any, out_spec: Any,
 
 # -- the decision ---------------------------------------------------------------------------------
 
-def _forced(strategy: Any) -> Strategy | None:
-    if isinstance(strategy, Strategy):
-        return strategy
-    if isinstance(strategy, dict):
-        return Strategy.from_dict(strategy)
-    if strategy == "baseline":
-        return Strategy.baseline()
-    if strategy == "auto":
-        return None
-    raise ValueError(f"collective_einsum: strategy must be 'auto', 'baseline', a Strategy or its dict, "
-                     f"got {strategy!r}")
-
-
 def _local_decision(problem: Problem, client: Any) -> Decision:
     if client is None:
         from autotuner.runtime.client import default_client
@@ -251,8 +238,13 @@ def chosen_program(problem: Any, strategy: Any, client: Any, mesh: Any, op: str)
     every process: a pure check of the same problem and strategy), a forced one raises."""
     from autotuner.strategies import build
 
-    chosen = _forced(strategy)
-    if chosen is None:
+    try:
+        mode, chosen = parse_choice(strategy, callables=False)
+    except StrategyError:
+        raise
+    except ValueError as e:
+        raise ValueError(f"{op}: {e}") from None
+    if mode == "auto":
         chosen = DECISIONS.decide(problem, client).strategy
     try:
         return build(problem, chosen, mesh)

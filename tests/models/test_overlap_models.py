@@ -26,7 +26,7 @@ import pytest
 
 from autotuner import GroupedProblem, Problem, Strategy, space
 from autotuner.hlo import extract, extract_report
-from autotuner.runtime.overlap import overlap
+from autotuner.overlap import overlap
 from autotuner.testing import STEP_FACTOR, TOLERANCE, relative_error
 
 from .meshes import LAYERS as L

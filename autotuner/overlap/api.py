@@ -8,9 +8,9 @@ How it works, per input signature (tree, shapes, dtypes, shardings, static value
 
 1. *Tag.* `fn` is traced to a jaxpr (for a training step written with `value_and_grad` the
    backward einsums are ordinary `dot_general` equations there) and evaluated by the interpreter
-   of `overlap_interp` under `jax.jit(..., **jit_kwargs)`, which binds every dot under a
+   of `overlap.apply` under `jax.jit(..., **jit_kwargs)`, which binds every dot under a
    name-stack scope `__overlapT__`, T the equation's path through the jaxpr and its sub-jaxprs.
-2. *Find.* That program is compiled once with the example arguments; `hlo.mapping.map_pairs` reads
+2. *Find.* That program is compiled once with the example arguments; `overlap.find.find_sites` reads
    the HLO around XLA's SPMD partitioner and maps each all-gather -> dot and dot -> reduce-scatter
    pair to a Problem. The tag in the dot's op_name names the equation exactly; its operand and
    result types are checked against the Problem (shapes, dimension numbers, dtypes).
@@ -32,7 +32,7 @@ How it works, per input signature (tree, shapes, dtypes, shardings, static value
    relaid out away from the dot (e.g. outside the loop body) keeps a pair baseline the same way.
 4. *Apply.* The interpreter replaces each chosen dot by `build(problem, strategy, mesh)(lhs,
    rhs)`, taking the operand from before its relayout and handing the result to the relayout
-   after it (see `overlap_interp`); a group's ring runs at the first of its dots and each dot
+   after it (see `overlap.apply`); a group's ring runs at the first of its dots and each dot
    takes its own result; a ring that keeps its gather runs before the first equation that needs
    the gathered value, which takes the kept copy; baseline pairs keep their equation (the baseline is exactly
    plain jit). The rewritten program is compiled and analysed again: that checks every chosen dot
@@ -66,12 +66,12 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from autotuner.errors import AutotunerError
-from autotuner.runtime.overlap_plan import Plan, PlanRow
-from autotuner.strategy import Strategy, StrategyError
+from autotuner.overlap.plan import Plan, PlanRow, numbered
+from autotuner.strategy import parse_choice
 
 __all__ = ["Overlapped", "OverlapError", "Plan", "PlanRow", "overlap"]
 
-log = logging.getLogger("autotuner.runtime.overlap")
+log = logging.getLogger("autotuner.overlap")
 MAX_ROUNDS = 3   # analyses of an Auto-layout program (each compiles it once)
 
 
@@ -80,25 +80,6 @@ class OverlapError(AutotunerError, ValueError):
 
 
 # -- arguments ------------------------------------------------------------------------------------
-
-def _chooser(strategy: Any) -> tuple[str, Any]:
-    if isinstance(strategy, str):
-        if strategy in ("auto", "baseline"):
-            return strategy, None
-        raise OverlapError(f"overlap: strategy must be 'auto', 'baseline', a Strategy, its dict or a "
-                           f"callable Problem -> Strategy, got {strategy!r}")
-    if isinstance(strategy, Strategy):
-        return "one", strategy
-    if isinstance(strategy, dict):
-        try:
-            return "one", Strategy.from_dict(strategy)
-        except StrategyError as e:
-            raise OverlapError(f"overlap: {e}") from None
-    if callable(strategy):
-        return "callable", strategy
-    raise OverlapError(f"overlap: strategy must be 'auto', 'baseline', a Strategy, its dict or a "
-                       f"callable, got {type(strategy).__name__}")
-
 
 def _leaf_key(x: Any) -> Any:
     shape, dtype = getattr(x, "shape", None), getattr(x, "dtype", None)
@@ -150,7 +131,10 @@ class Overlapped:
         if not callable(fn):
             raise OverlapError(f"overlap: fn must be callable, got {type(fn).__name__}")
         self.fn = fn
-        self.mode, self.chosen = _chooser(strategy)
+        try:
+            self.mode, self.chosen = parse_choice(strategy)
+        except ValueError as e:
+            raise OverlapError(f"overlap: {e}") from None
         self.client = client
         self.jit_kwargs = jit_kwargs
         self._cache: dict[Any, _Prepared] = {}
@@ -207,8 +191,9 @@ class Overlapped:
         import jax
         from jax.sharding import AxisType
 
-        from autotuner.runtime.overlap_interp import Action, Interpreter
-        from autotuner.runtime.overlap_plan import choose, find_sites
+        from autotuner.overlap.apply import Action, Interpreter
+        from autotuner.overlap.choose import choose
+        from autotuner.overlap.find import find_sites
 
         mesh = _mesh_of((args, kwargs), self.jit_kwargs)
         plain = jax.jit(self.fn, **self.jit_kwargs)
@@ -230,13 +215,14 @@ class Overlapped:
         for n in range(rounds):
             interp = Interpreter(mesh, dict(actions))
             jitted = self._jit(interp)
-            sites, new_rows, new_notes, compiled = find_sites(jitted, interp, args, kwargs, mesh, seen)
-            notes += [t for t in new_notes if t not in notes]
+            found = find_sites(jitted, interp, args, kwargs, mesh, seen)
+            sites, new_rows, compiled = found.sites, found.rows, found.compiled
+            notes += [t for t in found.notes if t not in notes]
             if compiled is None:  # could not be analysed (a note says why)
                 if not actions:
-                    return _Prepared(plain, Plan(_numbered(rows), notes))
+                    return _Prepared(plain, Plan(numbered(rows), notes))
                 note = "the rewritten program could not be compiled; plain jit"
-                return _Prepared(plain, Plan(_numbered([_unapply(r, note) if r.applied else r
+                return _Prepared(plain, Plan(numbered([r.unapplied(note) if r.applied else r
                                                         for r in rows]), notes))
             new_actions, new_rows = choose(self.mode, self.chosen, self.client, sites, new_rows)
             if n:
@@ -256,7 +242,7 @@ class Overlapped:
                 log.warning("overlap: the rewritten program did not trace (%s: %s); using plain jit",
                             type(e).__name__, e)
                 note = f"the rewritten program did not trace ({type(e).__name__}); plain jit"
-                return _Prepared(plain, Plan(_numbered([_unapply(r, note) if r.applied else r
+                return _Prepared(plain, Plan(numbered([r.unapplied(note) if r.applied else r
                                                         for r in rows]), notes))
         out = []
         for tag, r in zip(tags, rows, strict=True):
@@ -264,7 +250,7 @@ class Overlapped:
                 why = interp.failed.get(tag or "") or next(
                     (w for t, w in interp.failed.items() if tag and tag.startswith(t + "_")),
                     "not applied (unknown reason)")
-                r = _unapply(r, why)
+                r = r.unapplied(why)
             elif r.served_by and tag not in interp.served:
                 r = replace(r, served_by="", note=r.note + "; but it did not reach this dot, whose all-gather stays")
             elif r.applied and tag in actions and actions[tag].keep:
@@ -275,21 +261,7 @@ class Overlapped:
             out.append(r)
         static = self.jit_kwargs.get("static_argnums") is not None or self.jit_kwargs.get("static_argnames")
         run = compiled if compiled is not None and not static else jitted
-        return _Prepared(run, Plan(_numbered(out), notes), jitted)
-
-
-def _unapply(r: PlanRow, why: str) -> PlanRow:
-    return replace(r, strategy=Strategy.baseline(), note=why)
-
-
-def _numbered(rows: list[PlanRow]) -> list[PlanRow]:
-    """Rows whose names repeat (layers of a Python loop) get #2, #3, ... in program order."""
-    seen: dict[str, int] = {}
-    out = []
-    for r in rows:
-        seen[r.name] = seen.get(r.name, 0) + 1
-        out.append(r if seen[r.name] == 1 else replace(r, name=f"{r.name} #{seen[r.name]}"))
-    return out
+        return _Prepared(run, Plan(numbered(out), notes), jitted)
 
 
 def overlap(fn: Callable[..., Any] | None = None, *, strategy: Any = "auto", client: Any = None,

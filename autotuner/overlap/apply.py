@@ -49,7 +49,7 @@ from jax.sharding import AxisType, NamedSharding
 from autotuner.problem import Entry, GroupedProblem, Problem
 from autotuner.strategy import Strategy
 
-log = logging.getLogger("autotuner.runtime.overlap")
+log = logging.getLogger("autotuner.overlap")
 
 LAYOUT_PRIMS = frozenset({"reshard", "sharding_constraint"})  # identity on values
 SKIP_PRIMS = frozenset({"shard_map"})                         # manually partitioned: not ours

@@ -1,4 +1,4 @@
-"""The compiler pass `autotuner.overlap` on the built-in transformer (autotuner/runtime/overlap.py).
+"""The compiler pass `autotuner.overlap` on the built-in transformer (autotuner/overlap/).
 
 On 8 in-process CPU devices (tests/conftest.py): forward and training step (value_and_grad +
 SGD update), meshes with Explicit and Auto axes, 1-D `model` and 2-D `data` x `model`, Python
@@ -27,9 +27,9 @@ import autotuner
 import autotuner.hlo as EX
 from autotuner import Device, Problem, Strategy, space
 from autotuner.examples import transformer as T
+from autotuner.overlap import OverlapError, Plan, overlap
 from autotuner.runtime.client import Client
 from autotuner.runtime.collective import DECISIONS
-from autotuner.runtime.overlap import OverlapError, Plan, overlap
 from autotuner.strategy import CHUNKS, DIRECTIONS, FUSES, UNROLLS
 from autotuner.testing import TOLERANCE, relative_error
 

@@ -1,0 +1,159 @@
+"""Choose: per site (a pair, or the group of dots one all-gather feeds), the Strategy to apply.
+
+`"auto"` asks the client through `collective_einsum`'s decision table (one per process; in a
+multi-process job process 0 decides and every process applies the same plan) and applies only a
+`tuned` winner whose speedup interval lies above 1.0 (never slower by default); a forced Strategy
+applies wherever `space(problem)` offers it; a callable `Problem -> Strategy` chooses per unit.
+A shared all-gather (its value also used elsewhere) is run by the first unit's ring, which keeps
+the gathered value for the other users (`Action.keep`); a second unit on it is "served".
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+from autotuner.overlap.apply import Action, DotInfo
+from autotuner.overlap.find import Site
+from autotuner.overlap.plan import PlanRow
+from autotuner.problem import GroupedProblem, Problem
+from autotuner.strategy import Strategy, StrategyError
+
+MIN_SPEEDUP_LO = 1.0   # auto: a tuned winner applies only if its speedup interval lies above this
+
+
+def _relayout(p: Problem, info: DotInfo) -> str | None:
+    """With explicit layouts: why the decomposition would keep a collective outside it."""
+    for what, chain, spec in (("lhs", info.lhs_chain, p.lhs.spec), ("rhs", info.rhs_chain, p.rhs.spec)):
+        if chain and chain[0] is not None and spec not in chain:
+            return (f"the {what} reaches the dot already laid out otherwise (its relayout is outside "
+                    "the dot's jaxpr), so its collective would stay")
+    if info.out_spec is not None and info.out_spec != p.out_spec:
+        if p.out_spec not in info.out_relayouts:
+            return "the result is not relaid out to the reduce-scatter's layout next to the dot"
+        if info.out_used_as_is or any(s != p.out_spec for s in info.out_relayouts):
+            return "the unscattered result is used too, so it would be gathered back"
+    return None
+
+
+def _valid(problem: Problem | GroupedProblem, s: Strategy) -> str | None:
+    from autotuner.strategies import check_valid
+
+    if s.method == "xla_windowed":
+        return "xla_windowed is a whole-program compile option, not a per-pair rewrite"
+    try:
+        check_valid(problem, s)
+    except StrategyError as e:
+        return f"{s.key} does not apply to this problem ({e})"
+    return None
+
+
+def _decide(mode: str, chosen: Any, client: Any, site: Site
+            ) -> tuple[Strategy, str, float | None, str, bool]:
+    """(strategy, source, predicted speedup, note, keep) for one site's unit (its group, or its
+    pair); keep: the gathered value has other users, which the ring's kept copy serves."""
+    from autotuner.runtime.collective import DECISIONS
+
+    p = site.unit
+    speedup = None
+    note = ""
+    if mode == "one":
+        s, source = chosen, "forced"
+    elif mode == "callable":
+        s, source = _call(chosen, p)
+        if isinstance(s, str):
+            s, note = Strategy.baseline(), s
+    else:
+        d = DECISIONS.decide(p, client)
+        s, source, speedup = d.strategy, d.source, d.speedup
+        ci = d.confidence
+        if not s.is_baseline:
+            if source != "tuned":
+                s, note = Strategy.baseline(), f"{d.strategy.key} is a {source} answer, not tuned: baseline"
+            elif ci is None or ci[0] <= MIN_SPEEDUP_LO:
+                s, note = Strategy.baseline(), (f"{d.strategy.key}'s speedup interval "
+                                                f"{list(ci) if ci else 'is unknown'}: baseline")
+    if not s.is_baseline:
+        why = _valid(p, s)
+        if why is not None:
+            s, note = Strategy.baseline(), why
+    keep = False
+    if not s.is_baseline:
+        members = [(site.problem, site.info)] if site.group is None else list(
+            zip(site.group.members, site.infos, strict=True))
+        why = next((w for q, info in members if (w := _relayout(q, info)) is not None), None)
+        if why is None and site.extra_users > 0:
+            if s.method == "ring" and site.problem.pattern.kind == "all_gather":
+                keep = True   # the ring also yields the gathered value for the other users
+                note = (f"its all-gather's value is also used by {site.extra_users} other "
+                        "instruction(s): the ring keeps the gathered value for them")
+            else:
+                why = (f"its all-gather's value is also used by {site.extra_users} other instruction(s) "
+                       "(a shared gather), so the gather would stay")
+        if why is not None and mode == "auto":
+            s, note = Strategy.baseline(), why + ": baseline"
+        elif why is not None:
+            note = why
+    return s, source, (speedup if not s.is_baseline else None), note, keep
+
+
+def choose(mode: str, chosen: Any, client: Any, sites: list[Site | None], rows: list[PlanRow]
+           ) -> tuple[dict[str, Action], list[PlanRow]]:
+    """({tag: Action} to apply, the rows with their choices). The dots of a group get one choice,
+    made for their GroupedProblem."""
+    actions: dict[str, Action] = {}
+    out = []
+    made: dict[tuple[str, ...], tuple[Strategy, str, float | None, str, bool]] = {}
+    owner: dict[str, tuple[tuple[str, ...], str]] = {}   # all-gather -> (the unit whose ring runs it, its name)
+    served_by: dict[tuple[str, ...], str] = {}
+    for site, row in zip(sites, rows, strict=True):
+        if site is None:
+            out.append(row)
+            continue
+        unit = site.tags or (site.tag,)
+        first = owner.get(site.collective) if site.collective else None
+        if (unit not in made and first is not None and first[0] != unit and not made[first[0]][0].is_baseline
+                and _parent(first[0][0]) == _parent(site.tag)):
+            # one all-gather feeding dots of two units (forward dot and weight gradient on a mesh
+            # without a data axis): the first unit's ring keeps the gathered value, which serves
+            # this dot as it is (a second ring would move the data again); the interpreter hands
+            # it over within one jaxpr
+            src = made[first[0]][1]
+            made[unit] = (Strategy.baseline(), src, None,
+                          f"served by the gathered value that the ring of {first[1]} keeps", False)
+            served_by[unit] = first[1]
+        if unit not in made:
+            made[unit] = _decide(mode, chosen, client, site)
+            if site.collective and site.collective not in owner and not made[unit][0].is_baseline:
+                owner[site.collective] = (unit, row.name)
+        s, source, speedup, note, keep = made[unit]
+        if not s.is_baseline:
+            actions[site.tag] = Action(site.unit, s, site.tags, keep=keep, strict=keep and mode == "auto")
+        if row.note and note:
+            note = f"{row.note}; {note}"
+        out.append(replace(row, strategy=s, source=source, speedup=speedup, note=note or row.note,
+                           served_by=served_by.get(unit, "")))
+    return actions, out
+
+
+def _parent(tag: str) -> str:
+    """The jaxpr a tagged dot is in (its tag less its own position)."""
+    return tag.rsplit("_", 1)[0] if "_" in tag else ""
+
+
+def _call(fn: Callable[[Problem], Any], p: Problem) -> tuple[Strategy | str, str]:
+    try:
+        got = fn(p)
+    except Exception as e:  # noqa: BLE001 - a user callback: this pair stays baseline
+        return f"the strategy callable raised {type(e).__name__}: {e}", "callable"
+    if isinstance(got, dict):
+        try:
+            got = Strategy.from_dict(got)
+        except StrategyError as e:
+            return f"the strategy callable returned an invalid strategy: {e}", "callable"
+    if got is None:
+        return Strategy.baseline(), "callable"
+    if not isinstance(got, Strategy):
+        return f"the strategy callable returned {type(got).__name__}, not a Strategy", "callable"
+    return got, "callable"

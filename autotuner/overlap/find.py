@@ -1,0 +1,218 @@
+"""Find: the pairs of a tagged program, each mapped to its dot equation (a `Site`) or to why not.
+
+The tagged program (every dot under its `__overlapT__` scope, see `apply`) is compiled once; the
+HLO around XLA's SPMD partitioner gives the all-gather -> dot and dot -> reduce-scatter pairs
+(`hlo.pairs`), each matched to its Problem as `extract` matches it (`hlo.problems.match_dot`); the
+tag in the dot's op_name names the equation exactly, whose traced types are checked against the
+Problem (`mismatch`). The dots one all-gather feeds become members of one GroupedProblem.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from autotuner.hlo.compile import compile_with_hlo
+from autotuner.hlo.evaluate import manual_computations, multiplicity
+from autotuner.hlo.grouped import group_units
+from autotuner.hlo.pairs import Pair, find_pairs
+from autotuner.hlo.problems import match_dot
+from autotuner.hlo.shardings import MeshInfo
+from autotuner.hlo.text import PASS_THROUGH, ExtractError, HloModule, parse_hlo
+from autotuner.overlap.apply import TAG_PREFIX, DotInfo, Interpreter
+from autotuner.overlap.plan import PlanRow
+from autotuner.problem import GroupedProblem, Problem
+from autotuner.strategy import Strategy
+
+log = logging.getLogger("autotuner.overlap")
+
+
+@dataclass(frozen=True)
+class Site:
+    """A pair mapped to its dot equation. The dots of one all-gather that feeds several of them
+    form a group: each member's site has the GroupedProblem and every member's tag."""
+
+    tag: str
+    problem: Problem
+    info: DotInfo
+    other_users: int    # all-gather: other instructions its gathered value reaches
+    collective: str = ""  # the collective's instruction name in the analysed module
+    group: GroupedProblem | None = None
+    tags: tuple[str, ...] = ()          # the group's dots, in member order
+    infos: tuple[DotInfo, ...] = ()
+
+    @property
+    def unit(self) -> Problem | GroupedProblem:
+        """What is chosen for and applied: the group, else the pair's Problem."""
+        return self.group if self.group is not None else self.problem
+
+    @property
+    def extra_users(self) -> int:
+        """Users of the gathered value that are not dots of this unit."""
+        return self.other_users - (len(self.tags) - 1 if self.group is not None else 0)
+
+
+@dataclass
+class Found:
+    """One analysis of the tagged program: a site per decomposable pair (None where the pair cannot
+    be decomposed, its row says why), a plan row per pair (baseline for now), notes on the whole
+    program, and the executable (None if the program could not be compiled)."""
+
+    sites: list[Site | None]
+    rows: list[PlanRow]
+    notes: list[str]
+    compiled: Any
+
+
+def other_users(mod: HloModule, pair: Pair) -> int:
+    """How many instructions besides the pair's dot use the all-gather's value (through layout ops)."""
+    if pair.kind != "all_gather":
+        return 0
+    seen: set[str] = set()
+    todo, ends = [pair.collective.name], set()
+    while todo:
+        for u in mod.users.get(todo.pop(), []):
+            if u in seen:
+                continue
+            seen.add(u)
+            if mod.instrs[u].opcode in PASS_THROUGH:
+                todo.append(u)
+            elif u != pair.dot.name:
+                ends.add(u)
+    return len(ends)
+
+
+def _tag(op_name: str) -> str | None:
+    i = op_name.rfind(TAG_PREFIX)
+    if i < 0:
+        return None
+    rest = op_name[i + len(TAG_PREFIX):]
+    j = rest.find("__")
+    return rest[:j] if j > 0 else None
+
+
+def _readable(op_name: str) -> str:
+    parts = [p for p in op_name.split("/") if not p.startswith(TAG_PREFIX)]
+    if parts and parts[0].startswith("jit("):
+        parts = parts[1:]
+    if parts and parts[-1] == "dot_general":
+        parts = parts[:-1]
+    return "/".join(parts) or op_name
+
+
+def mismatch(info: DotInfo, p: Problem) -> str | None:
+    """Why the traced dot is not the Problem's einsum (None when it is, operand for operand)."""
+    if info.dtypes != (p.dtype,) * 3:
+        return (f"the dot computes {info.dtypes[2]} from {info.dtypes[0]}/{info.dtypes[1]} operands "
+                f"(preferred_element_type); the decompositions compute in the operand type")
+    if info.lhs_shape != p.lhs.shape or info.rhs_shape != p.rhs.shape or info.out_shape != p.out_shape:
+        return "the compiled dot's operand shapes differ from the traced equation's"
+    eq = p.eq
+    (lc, rc), (lb, rb) = info.dims
+    if any(eq.lhs[i] != eq.rhs[j] for i, j in zip(lc + lb, rc + rb, strict=True)):
+        return "the compiled dot's dimension numbers differ from the traced equation's"
+    if any(eq.lhs[i] in eq.out for i in lc):
+        return "the compiled dot's contracting dimensions differ from the traced equation's"
+    shared = {eq.lhs[i] for i in lc + lb}
+    lfree = [c for i, c in enumerate(eq.lhs) if i not in lc and i not in lb]
+    rfree = [c for j, c in enumerate(eq.rhs) if j not in rc and j not in rb]
+    if (len(shared) != len(set(eq.lhs) & set(eq.rhs))
+            or "".join([eq.lhs[i] for i in lb] + lfree + rfree) != eq.out):
+        return "the compiled dot's output order differs from the traced equation's"
+    return None
+
+
+def _row(name: str, where: str, form: str, problem: Problem | None, source: str, count: int,
+         note: str) -> PlanRow:
+    return PlanRow(name, where, form, problem, Strategy.baseline(), source, None, count, note)
+
+
+def find_sites(tagged: Any, tagger: Interpreter, args: Sequence[Any], kwargs: dict[str, Any],
+               mesh: Any, seen: set[str]) -> Found:
+    """Compile `tagged` (the program as `tagger` evaluates it) and find its pairs not `seen` before
+    (by tag, or op_name for untagged dots; `seen` is updated). Pairs inside shard_map are left out
+    once the pass has rewritten the program (they are its own rings)."""
+    try:
+        pre_text, post_text, parts, compiled = compile_with_hlo(tagged, *args, **kwargs)
+    except ExtractError as e:
+        note = f"the program could not be analysed, so it runs as plain jit: {e}"
+        log.warning("overlap: %s", note)
+        return Found([], [], [note], None)
+    if parts <= 1 or not post_text:
+        return Found([], [], ["the program runs on one device: nothing to decompose"], compiled)
+    info = MeshInfo(tuple(mesh.axis_names), tuple(int(s) for s in mesh.axis_sizes))
+    post, pre = parse_hlo(post_text), parse_hlo(pre_text)
+    if post.num_partitions != info.size:
+        note = (f"the program could not be analysed, so it runs as plain jit: the module runs on "
+                f"{post.num_partitions} partitions but the mesh {info.as_dict()} has {info.size} devices")
+        return Found([], [], [note], None)
+    times, manual = multiplicity(post), manual_computations(post)
+    pre_dots = [pre.instrs[n] for n in pre.order if pre.instrs[n].opcode == "dot"]
+    used: set[str] = set()
+    notes = [f"equation {path}: {why}" for path, why in tagger.failed.items()]
+    sites: list[Site | None] = []
+    rows: list[PlanRow] = []
+    this_round: set[str] = set()
+    mapped_tags: set[str] = set()
+    pairs: list[tuple[Pair, int]] = []   # (pair, its site's index) of the mapped pairs
+    for pair in find_pairs(post, info, []):
+        op = pair.dot.op_name
+        n = times.get(pair.dot.computation, 1)
+        if pair.dot.computation in manual:
+            if tagger.actions:
+                continue
+            problem, why = None, "inside shard_map (already manually partitioned)"
+        else:
+            got = match_dot(pair, post, pre, pre_dots, used, info)
+            problem, why = (None, got) if isinstance(got, str) else (got, None)
+        tag = _tag(op)
+        ident = tag or f"{op}|{pair.form}|{pair.dot.name}"
+        if ident in seen and ident not in this_round:
+            continue   # planned in an earlier round
+        seen.add(ident)
+        this_round.add(ident)
+        dot = tagger.infos.get(tag) if tag else None
+        name = dot.name if dot and dot.name else _readable(op)
+        where = dot.where if dot else ""
+        if why is None and dot is None:
+            why = "no traced dot_general carries this dot's name (it was not rebuilt by the pass)"
+        if why is None and tag in mapped_tags:
+            why = "the same dot as another pair (one decomposition per dot)"
+        if why is None:
+            assert problem is not None and dot is not None
+            why = mismatch(dot, problem)
+        if why is not None:
+            sites.append(None)
+            rows.append(_row(name, where, pair.form, problem, "unmapped", n, why))
+            continue
+        assert problem is not None and dot is not None and tag is not None
+        mapped_tags.add(tag)
+        sites.append(Site(tag, problem, dot, other_users(post, pair),
+                          pair.collective.name if pair.kind == "all_gather" else ""))
+        rows.append(_row(name, where, pair.form, problem, "", n, ""))
+        pairs.append((pair, len(sites) - 1))
+    sites, rows = _grouped(sites, rows, pairs)
+    return Found(sites, rows, notes, compiled)
+
+
+def _grouped(sites: list[Site | None], rows: list[PlanRow], pairs: list[tuple[Pair, int]]
+             ) -> tuple[list[Site | None], list[PlanRow]]:
+    """The sites of the dots one all-gather feeds, made members of their GroupedProblem (as
+    extraction groups them: `hlo.grouped.group_units`); the others unchanged."""
+    by_pair = {id(pair): i for pair, i in pairs}
+    units = group_units([(pair, sites[i].problem, rows[i].count) for pair, i in pairs])  # type: ignore[union-attr]
+    for unit, unit_pairs, _ in units:
+        if not isinstance(unit, GroupedProblem):
+            continue
+        idx = [by_pair[id(q)] for q in unit_pairs]
+        members = [sites[i] for i in idx]
+        assert all(m is not None for m in members)
+        tags = tuple(m.tag for m in members)  # type: ignore[union-attr]
+        infos = tuple(m.info for m in members)  # type: ignore[union-attr]
+        for j, i in enumerate(idx):
+            sites[i] = replace(sites[i], group=unit, tags=tags, infos=infos)  # type: ignore[type-var]
+            rows[i] = replace(rows[i], problem=unit, member=j,
+                              note=f"dot {j + 1} of the {unit.k} its all-gather feeds (one grouped problem)")
+    return sites, rows
