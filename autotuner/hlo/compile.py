@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
 import glob
+import gzip
+import hashlib
+import json
 import logging
 import os
 import re
 import tempfile
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from autotuner.hlo.pairs import ExtractReport
@@ -54,61 +56,141 @@ def _mesh_info(mesh: Any) -> MeshInfo:
     return MeshInfo(tuple(names), tuple(int(s) for s in mesh.axis_sizes))
 
 
-@contextlib.contextmanager
-def _dump_dir() -> Iterator[str]:
-    with tempfile.TemporaryDirectory(prefix="autotuner-extract-") as d:
-        yield d
+# Options for a compile whose only product is the HLO around the partitioner (the executable is
+# thrown away): the backend's code generation, most of a compile's time, at its cheapest. Per
+# platform; the partitioned module does not depend on them.
+ANALYSIS_OPTIONS: dict[str, dict[str, Any]] = {
+    "cpu": {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True},
+    "gpu": {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True,
+            "xla_gpu_autotune_level": 0},
+    "cuda": {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True,
+             "xla_gpu_autotune_level": 0},
+}
+_DUMP = {"xla_dump_hlo_pass_re": "spmd-partitioning", "xla_dump_hlo_as_text": True,
+         "xla_dump_hlo_as_proto": False}
 
 
-def partitioned_hlo(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[str, str, int]:
-    """(propagated, partitioned, num_partitions): the HLO text before and after XLA's SPMD
-    partitioner for `fn` compiled with the example arguments. For a one-device program, where the
-    partitioner does not run, both texts are ''."""
-    return compile_with_hlo(fn, *args, **kwargs)[:3]
-
-
-def compile_with_hlo(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[str, str, int, Any]:
-    """`partitioned_hlo`'s texts and partition count, and the compiled executable
-    (`jax.stages.Compiled`), so a caller that runs the program needs no second compile."""
+def lower(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """`fn` (jitted, or jitted here) lowered with the example arguments; ExtractError if it cannot be."""
     import jax
 
     jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
     try:
-        lowered = jitted.lower(*args, **kwargs)
+        return jitted.lower(*args, **kwargs)
     except Exception as e:  # noqa: BLE001 - report what the user's function did
         raise ExtractError(f"could not lower the function with the example arguments: {e}") from e
-    with _dump_dir() as d:
-        opts = {"xla_dump_to": d, "xla_dump_hlo_pass_re": "spmd-partitioning",
-                "xla_dump_hlo_as_text": True, "xla_dump_hlo_as_proto": False}
-        try:
-            compiled = lowered.compile(compiler_options=opts)
-        except Exception as e:  # noqa: BLE001
-            raise ExtractError(f"could not compile the function: {e}") from e
-        files = sorted(glob.glob(os.path.join(d, "*.txt")))
-        module = lambda f: os.path.basename(f).split(".")[0]  # noqa: E731 - module_NNNN
-        before = [f for f in files if "before_spmd-partitioning" in os.path.basename(f)]
-        after = [f for f in files if "after_spmd-partitioning" in os.path.basename(f)]
-        both = sorted({module(f) for f in before} & {module(f) for f in after})
-        if both:  # one module per compile; if XLA dumped several, the last compiled is ours
-            before = [f for f in before if module(f) == both[-1]]
-            after = [f for f in after if module(f) == both[-1]]
-        if not before or not after:
-            head = next((f for f in files if f.endswith("before_optimizations.txt")), None)
-            parts = 1
-            if head:
-                with open(head) as fh:
-                    m = re.search(r"num_partitions=(\d+)", fh.readline())
-                parts = int(m.group(1)) if m else 1
-            if parts > 1:
-                raise ExtractError("XLA did not dump the module around spmd-partitioning (is the persistent "
-                                   "compilation cache answering? set JAX_ENABLE_COMPILATION_CACHE=false)")
-            return "", "", parts, compiled
-        with open(before[-1]) as fh:
-            pre = fh.read()
-        with open(after[-1]) as fh:
-            post = fh.read()
+
+
+def _texts_cache() -> str | None:
+    """Where partitioned texts are kept across processes: beside JAX's persistent compilation cache,
+    when one is configured (the same switch; nothing is written otherwise)."""
+    import jax
+
+    d = jax.config.jax_compilation_cache_dir
+    if not d or not jax.config.jax_enable_compilation_cache:
+        return None
+    return os.path.join(str(d), "autotuner-partitioned")
+
+
+def _cache_key(lowered: Any, opts: Mapping[str, Any]) -> str:
+    import jax
+    import jaxlib
+
+    h = hashlib.sha256(lowered.as_text().encode())
+    h.update(repr((jax.__version__, jaxlib.__version__, sorted(opts.items()))).encode())
+    return h.hexdigest()
+
+
+def partitioned_texts(lowered: Any, *, analysis: bool = False) -> tuple[str, str, int, Any]:
+    """(propagated, partitioned, num_partitions, compiled) of a lowered program: the HLO text before
+    and after XLA's SPMD partitioner (both '' for a one-device program, where it does not run) and
+    the executable. `analysis=True`: the texts are all that is wanted, so the backend compiles at its
+    cheapest (`ANALYSIS_OPTIONS`) and `compiled` is None (not fit to run). With JAX's persistent
+    compilation cache configured the texts are kept beside it, so the same program analysed again
+    (a restarted job) is not compiled for them (`compiled` is then None when `analysis`)."""
+    import jax
+    from jax._src import config
+
+    cheap = dict(ANALYSIS_OPTIONS.get(jax.devices()[0].platform, {}))
+    cache = _texts_cache()
+    key = _cache_key(lowered, cheap) if cache else ""
+    texts = _load(cache, key) if cache else None
+    if texts is None:
+        # With a persistent cache the texts come from a cheap compile of their own, so that the
+        # executable is compiled (below) exactly as a later run will look it up in JAX's cache.
+        # The dump needs XLA to compile, not the persistent cache to answer.
+        dump_only = analysis or cache is not None
+        with tempfile.TemporaryDirectory(prefix="autotuner-extract-") as d, \
+                config.enable_compilation_cache(False):
+            compiled = _compile(lowered, {**(cheap if dump_only else {}), **_DUMP, "xla_dump_to": d})
+            texts = _read_dump(d)
+        if cache:
+            _store(cache, key, *texts)
+        if not dump_only:
+            return (*texts, compiled)
+    return (*texts, None if analysis else _compile(lowered, {}))
+
+
+def _load(cache: str, key: str) -> tuple[str, str, int] | None:
+    path = os.path.join(cache, key + ".json.gz")
+    try:
+        with gzip.open(path, "rt") as fh:
+            got = json.load(fh)
+        return str(got["pre"]), str(got["post"]), int(got["parts"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def _compile(lowered: Any, opts: Mapping[str, Any]) -> Any:
+    try:
+        return lowered.compile(compiler_options=dict(opts)) if opts else lowered.compile()
+    except Exception as e:  # noqa: BLE001
+        raise ExtractError(f"could not compile the function: {e}") from e
+
+
+def _store(cache: str, key: str, pre: str, post: str, parts: int) -> None:
+    try:
+        os.makedirs(cache, exist_ok=True)
+        tmp = os.path.join(cache, f".{key}.{os.getpid()}.tmp")
+        with gzip.open(tmp, "wt") as fh:
+            json.dump({"pre": pre, "post": post, "parts": parts}, fh)
+        os.replace(tmp, os.path.join(cache, key + ".json.gz"))
+    except OSError as e:   # a cache that cannot be written is no reason to fail
+        log.warning("could not keep the partitioned texts in %s: %s", cache, e)
+
+
+def _read_dump(d: str) -> tuple[str, str, int]:
+    files = sorted(glob.glob(os.path.join(d, "*.txt")))
+    module = lambda f: os.path.basename(f).split(".")[0]  # noqa: E731 - module_NNNN
+    before = [f for f in files if "before_spmd-partitioning" in os.path.basename(f)]
+    after = [f for f in files if "after_spmd-partitioning" in os.path.basename(f)]
+    both = sorted({module(f) for f in before} & {module(f) for f in after})
+    if both:  # one module per compile; if XLA dumped several, the last compiled is ours
+        before = [f for f in before if module(f) == both[-1]]
+        after = [f for f in after if module(f) == both[-1]]
+    if not before or not after:
+        head = next((f for f in files if f.endswith("before_optimizations.txt")), None)
+        parts = 1
+        if head:
+            with open(head) as fh:
+                m = re.search(r"num_partitions=(\d+)", fh.readline())
+            parts = int(m.group(1)) if m else 1
+        if parts > 1:
+            raise ExtractError("XLA did not dump the module around spmd-partitioning")
+        return "", "", parts
+    with open(before[-1]) as fh:
+        pre = fh.read()
+    with open(after[-1]) as fh:
+        post = fh.read()
     m = re.search(r"num_partitions=(\d+)", post.split("\n", 1)[0])
-    return pre, post, int(m.group(1)) if m else 1, compiled
+    return pre, post, int(m.group(1)) if m else 1
+
+
+def partitioned_hlo(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[str, str, int]:
+    """(propagated, partitioned, num_partitions): the HLO text before and after XLA's SPMD
+    partitioner for `fn` compiled with the example arguments (at the backend's cheapest: only the
+    texts are kept). For a one-device program, where the partitioner does not run, both are ''."""
+    return partitioned_texts(lower(fn, *args, **kwargs), analysis=True)[:3]
 
 
 def extract_report(fn: Callable[..., Any], *args: Any, mesh: Any = None, **kwargs: Any) -> ExtractReport:

@@ -199,14 +199,18 @@ def _signature(mod: HloModule, dot: Instr) -> tuple[Any, ...]:
     return (dot.op_name, dot.stack_frame, DotDims.of(mod, dot))
 
 
-def match_dot(pair: Pair, post: HloModule, pre: HloModule, pre_dots: list[Instr], used: set[str],
-              info: MeshInfo) -> Problem | str:
-    """The Problem of `pair`, read from its dot in the propagated module (a dot not in `used`, which
-    gains it), or why there is none. Candidates: the same op_name/stack frame/dimension numbers
-    first, then any dot of the same dimension numbers."""
+def dot_index(pre: HloModule) -> list[tuple[Instr, tuple[Any, ...]]]:
+    """The dots of the propagated module with their signatures, computed once per module."""
+    return [(pre.instrs[n], _signature(pre, pre.instrs[n])) for n in pre.order if pre.instrs[n].opcode == "dot"]
+
+
+def match_dot(pair: Pair, post: HloModule, pre: HloModule, pre_dots: list[tuple[Instr, tuple[Any, ...]]],
+              used: set[str], info: MeshInfo) -> Problem | str:
+    """The Problem of `pair`, read from its dot in the propagated module (`pre_dots`: its
+    `dot_index`; a dot not in `used`, which gains it), or why there is none. Candidates: the same
+    op_name/stack frame/dimension numbers first, then any dot of the same dimension numbers."""
     sig = _signature(post, pair.dot)
-    cands = ([c for c in pre_dots if _signature(pre, c) == sig]
-             + [c for c in pre_dots if _signature(pre, c) != sig and _signature(pre, c)[2] == sig[2]])
+    cands = ([c for c, s in pre_dots if s == sig] + [c for c, s in pre_dots if s != sig and s[2] == sig[2]])
     reasons = []
     for cand in cands:
         if cand.name in used:
@@ -229,7 +233,8 @@ def extract_from_hlo(propagated: str, partitioned: str, mesh: Mapping[str, int] 
                            f"{info.as_dict()} has {info.size} devices")
     pairs = find_pairs(post, info, skipped)
     times = multiplicity(post)
-    pre_dots = [pre.instrs[n] for n in pre.order if pre.instrs[n].opcode == "dot"]
+    pre_dots = dot_index(pre)
+    manual = manual_computations(post)
     used: set[str] = set()
     mapped: list[tuple[Pair, Problem, int]] = []
     per_dot: dict[str, list[Pair]] = {}
@@ -237,7 +242,7 @@ def extract_from_hlo(propagated: str, partitioned: str, mesh: Mapping[str, int] 
         per_dot.setdefault(pair.dot.name, []).append(pair)
     for pair in pairs:
         where = pair.where()
-        if pair.dot.computation in manual_computations(post):
+        if pair.dot.computation in manual:
             skip(skipped, where, "inside shard_map (already manually partitioned)")
             continue
         if len(per_dot[pair.dot.name]) > 1:

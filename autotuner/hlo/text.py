@@ -68,17 +68,21 @@ class HloModule:
 
 
 _CLOSE = {"(": ")", "[": "]", "{": "}"}
+_SPECIAL = re.compile(r"[\"'\\()\[\]{},]")   # the characters the scanners below act on
 
 
 def _match(text: str, i: int) -> int:
     """Index just past the bracket that closes the one at text[i] (quotes respected)."""
-    stack, quote = [], None
-    j = i
-    while j < len(text):
+    stack: list[str] = []
+    quote, skip = None, -1
+    for m in _SPECIAL.finditer(text, i):
+        j = m.start()
+        if j == skip:
+            continue
         c = text[j]
         if quote:
             if c == "\\":
-                j += 1
+                skip = j + 1
             elif c == quote:
                 quote = None
         elif c in "\"'":
@@ -89,21 +93,21 @@ def _match(text: str, i: int) -> int:
             stack.pop()
             if not stack:
                 return j + 1
-        j += 1
     raise ValueError(f"unbalanced brackets in {text[i:i + 80]!r}")
 
 
 def _split_top(text: str) -> list[str]:
     """Split on commas not nested in brackets or quotes."""
-    out, depth, quote, cur = [], 0, None, []
-    i = 0
-    while i < len(text):
+    out: list[str] = []
+    depth, quote, skip, start = 0, None, -1, 0
+    for m in _SPECIAL.finditer(text):
+        i = m.start()
+        if i == skip:
+            continue
         c = text[i]
         if quote:
-            if c == "\\" and i + 1 < len(text):
-                cur.append(c)
-                i += 1
-                c = text[i]
+            if c == "\\":
+                skip = i + 1
             elif c == quote:
                 quote = None
         elif c in "\"'":
@@ -113,14 +117,10 @@ def _split_top(text: str) -> list[str]:
         elif c in ")]}":
             depth -= 1
         elif c == "," and depth == 0:
-            out.append("".join(cur).strip())
-            cur = []
-            i += 1
-            continue
-        cur.append(c)
-        i += 1
-    if "".join(cur).strip():
-        out.append("".join(cur).strip())
+            out.append(text[start:i].strip())
+            start = i + 1
+    if text[start:].strip():
+        out.append(text[start:].strip())
     return out
 
 

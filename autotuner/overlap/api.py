@@ -53,8 +53,13 @@ Limits (each pair concerned stays plain jit and `plan()` says why; nothing raise
   pass is meant for the outermost function (the training step), and these run as plain jit.
 - an all-gather -> dot pair whose dot also contracts a dimension sharded over another axis (the
   weight gradients on a data x model mesh need an all-reduce over `data` too): not a Problem.
-Cost: one compile of the plain program and one of the rewritten one per input signature (more
-rounds with Auto layouts when new pairs appear); nothing runs until the first call.
+Cost, per input signature: one trace of `fn`; one analysis compile of the tagged program at the
+backend's cheapest options (only its partitioned HLO is read); one compile of the rewritten program
+(analysed too with Auto layouts; more rounds only when new pairs appear there). With JAX's
+persistent compilation cache configured, the partitioned texts are kept beside it, so a restarted
+job compiles nothing for the analysis and finds the rewritten executable in JAX's cache. A program
+with nothing to rewrite is plain `jax.jit`, compiled on its first call. `bench/pass_cost.py`
+measures it against plain jit.
 """
 
 from __future__ import annotations
@@ -191,6 +196,7 @@ class Overlapped:
         import jax
         from jax.sharding import AxisType
 
+        from autotuner.hlo.compile import lower, partitioned_texts
         from autotuner.overlap.apply import Action, Interpreter
         from autotuner.overlap.choose import choose
         from autotuner.overlap.find import find_sites
@@ -202,39 +208,55 @@ class Overlapped:
         if len(set(mesh.axis_types)) > 1:
             return _Prepared(plain, Plan(notes=["the mesh mixes Explicit and Auto axes, which the pass "
                                                 "does not handle: plain jit"]))
-        # Round 1 compiles the program with every dot tagged and finds its pairs; each later round
-        # compiles the rewritten program, which checks that the rewrite took and, with Auto layouts
-        # (which GSPMD may choose differently around the rewritten dots), finds any new pairs.
-        # Explicit layouts are part of the types, which the rewrite keeps: no new pair can appear.
-        rounds = 2 if AxisType.Explicit in set(mesh.axis_types) else MAX_ROUNDS
+        # Round 1 analyses the program with every dot tagged: only its partitioned HLO is wanted, so
+        # the backend compiles it at its cheapest (or the texts come from the persistent cache).
+        # Each later round compiles the rewritten program, the one that runs; with Auto layouts
+        # (which GSPMD may choose differently around the rewritten dots) it is analysed too, for
+        # any new pairs. Explicit layouts are part of the types, which the rewrite keeps: no new
+        # pair can appear, so nothing is analysed there. The jaxpr is traced once for all rounds.
+        explicit = AxisType.Explicit in set(mesh.axis_types)
+        rounds = 2 if explicit else MAX_ROUNDS
         actions: dict[str, Action] = {}
         rows: list[PlanRow] = []
         tags: list[str | None] = []
         notes: list[str] = []
         seen: set[str] = set()
+        traced: dict[str, Any] = {}
+        compiled = None
         for n in range(rounds):
-            interp = Interpreter(mesh, dict(actions))
+            interp = Interpreter(mesh, dict(actions), traced=traced)
             jitted = self._jit(interp)
-            found = find_sites(jitted, interp, args, kwargs, mesh, seen)
-            sites, new_rows, compiled = found.sites, found.rows, found.compiled
-            notes += [t for t in found.notes if t not in notes]
-            if compiled is None:  # could not be analysed (a note says why)
+            try:
+                lowered = lower(jitted, *args, **kwargs)
+                if n and explicit:
+                    compiled = lowered.compile()
+                    break
+                pre, post, parts, compiled = partitioned_texts(lowered, analysis=n == 0)
+                found = find_sites(pre, post, parts, interp, mesh, seen)
+            except Exception as e:  # noqa: BLE001 - never worse than plain jit
                 if not actions:
-                    return _Prepared(plain, Plan(numbered(rows), notes))
+                    note = f"the program could not be analysed, so it runs as plain jit: {e}"
+                    log.warning("overlap: %s", note)
+                    return _Prepared(plain, Plan(numbered(rows), [*notes, note]))
+                log.warning("overlap: the rewritten program could not be compiled (%s: %s); using "
+                            "plain jit", type(e).__name__, e)
                 note = "the rewritten program could not be compiled; plain jit"
                 return _Prepared(plain, Plan(numbered([r.unapplied(note) if r.applied else r
-                                                        for r in rows]), notes))
-            new_actions, new_rows = choose(self.mode, self.chosen, self.client, sites, new_rows)
+                                                       for r in rows]), notes))
+            notes += [t for t in found.notes if t not in notes]
+            new_actions, new_rows = choose(self.mode, self.chosen, self.client, found.sites, found.rows)
             if n:
                 new_rows = [replace(r, note=(r.note + "; " if r.note else "") + f"found in round {n + 1}")
                             for r in new_rows]
             rows += new_rows
-            tags += [s.tag if s else None for s in sites]
+            tags += [s.tag if s else None for s in found.sites]
             if not new_actions:
                 break
             actions.update(new_actions)
+        if not actions:   # nothing to rewrite: exactly plain jit (compiled on the first call)
+            return _Prepared(plain, Plan(numbered(rows), notes))
         if interp.actions != actions:   # the last round found more: this program is not compiled yet
-            interp = Interpreter(mesh, dict(actions))
+            interp = Interpreter(mesh, dict(actions), traced=traced)
             jitted, compiled = self._jit(interp), None
             try:
                 jitted.trace(*args, **kwargs)   # the rewrite happens at trace time

@@ -136,6 +136,7 @@ class Interpreter:
     _subst: dict[int, dict[int, Any]] = field(default_factory=dict)  # id(eqn) -> {operand: kept gather}
     kept: dict[str, int] = field(default_factory=dict)   # tag -> other users given the kept gather
     served: set[str] = field(default_factory=set)         # equations that got a kept gather
+    traced: dict[str, Any] = field(default_factory=dict)  # the program's jaxpr, shared by the rounds of one signature
 
     # -- the program -------------------------------------------------------------------------
     def run(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -151,7 +152,12 @@ class Interpreter:
             return fn(*a, **k)
 
         dvals = [leaves[i] for i in dyn]
-        closed, shape = jax.make_jaxpr(flat, return_shape=True)(*dvals)
+        if "jaxpr" in self.traced:
+            closed, shape = self.traced["jaxpr"]
+        else:
+            closed, shape = jax.make_jaxpr(flat, return_shape=True)(*dvals)
+            if not any(isinstance(c, jax.core.Tracer) for c in closed.consts):
+                self.traced["jaxpr"] = closed, shape
         outs = self.eval(closed.jaxpr, closed.consts, dvals, ())
         return jax.tree.unflatten(jax.tree.structure(shape), outs)
 

@@ -10,15 +10,13 @@ Problem (`mismatch`). The dots one all-gather feeds become members of one Groupe
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from autotuner.hlo.compile import compile_with_hlo
 from autotuner.hlo.evaluate import manual_computations, multiplicity
 from autotuner.hlo.grouped import group_units
 from autotuner.hlo.pairs import Pair, find_pairs
-from autotuner.hlo.problems import match_dot
+from autotuner.hlo.problems import dot_index, match_dot
 from autotuner.hlo.shardings import MeshInfo
 from autotuner.hlo.text import PASS_THROUGH, ExtractError, HloModule, parse_hlo
 from autotuner.overlap.apply import TAG_PREFIX, DotInfo, Interpreter
@@ -58,12 +56,11 @@ class Site:
 class Found:
     """One analysis of the tagged program: a site per decomposable pair (None where the pair cannot
     be decomposed, its row says why), a plan row per pair (baseline for now), notes on the whole
-    program, and the executable (None if the program could not be compiled)."""
+    program."""
 
     sites: list[Site | None]
     rows: list[PlanRow]
     notes: list[str]
-    compiled: Any
 
 
 def other_users(mod: HloModule, pair: Pair) -> int:
@@ -129,27 +126,21 @@ def _row(name: str, where: str, form: str, problem: Problem | None, source: str,
     return PlanRow(name, where, form, problem, Strategy.baseline(), source, None, count, note)
 
 
-def find_sites(tagged: Any, tagger: Interpreter, args: Sequence[Any], kwargs: dict[str, Any],
-               mesh: Any, seen: set[str]) -> Found:
-    """Compile `tagged` (the program as `tagger` evaluates it) and find its pairs not `seen` before
-    (by tag, or op_name for untagged dots; `seen` is updated). Pairs inside shard_map are left out
-    once the pass has rewritten the program (they are its own rings)."""
-    try:
-        pre_text, post_text, parts, compiled = compile_with_hlo(tagged, *args, **kwargs)
-    except ExtractError as e:
-        note = f"the program could not be analysed, so it runs as plain jit: {e}"
-        log.warning("overlap: %s", note)
-        return Found([], [], [note], None)
+def find_sites(pre_text: str, post_text: str, parts: int, tagger: Interpreter, mesh: Any,
+               seen: set[str]) -> Found:
+    """The pairs of the tagged program (`tagger` evaluated it; `pre_text`/`post_text`: its HLO
+    around the SPMD partitioner, `hlo.compile.partitioned_texts`) not `seen` before (by tag, or
+    op_name for untagged dots; `seen` is updated). Pairs inside shard_map are left out once the
+    pass has rewritten the program (they are its own rings)."""
     if parts <= 1 or not post_text:
-        return Found([], [], ["the program runs on one device: nothing to decompose"], compiled)
+        return Found([], [], ["the program runs on one device: nothing to decompose"])
     info = MeshInfo(tuple(mesh.axis_names), tuple(int(s) for s in mesh.axis_sizes))
     post, pre = parse_hlo(post_text), parse_hlo(pre_text)
     if post.num_partitions != info.size:
-        note = (f"the program could not be analysed, so it runs as plain jit: the module runs on "
-                f"{post.num_partitions} partitions but the mesh {info.as_dict()} has {info.size} devices")
-        return Found([], [], [note], None)
+        raise ExtractError(f"the module runs on {post.num_partitions} partitions but the mesh "
+                           f"{info.as_dict()} has {info.size} devices")
     times, manual = multiplicity(post), manual_computations(post)
-    pre_dots = [pre.instrs[n] for n in pre.order if pre.instrs[n].opcode == "dot"]
+    pre_dots = dot_index(pre)
     used: set[str] = set()
     notes = [f"equation {path}: {why}" for path, why in tagger.failed.items()]
     sites: list[Site | None] = []
@@ -194,7 +185,7 @@ def find_sites(tagged: Any, tagger: Interpreter, args: Sequence[Any], kwargs: di
         rows.append(_row(name, where, pair.form, problem, "", n, ""))
         pairs.append((pair, len(sites) - 1))
     sites, rows = _grouped(sites, rows, pairs)
-    return Found(sites, rows, notes, compiled)
+    return Found(sites, rows, notes)
 
 
 def _grouped(sites: list[Site | None], rows: list[PlanRow], pairs: list[tuple[Pair, int]]

@@ -60,7 +60,7 @@ def layout_map(device_mesh: Any, sp: bool, layout: str = "megatron") -> Any:
     return lm
 
 
-def build(mesh: Mesh, sp: bool, layout: str = "megatron") -> tuple[Any, Any]:
+def build(mesh: Mesh, sp: bool, layout: str = "megatron", layers: int = meshes.LAYERS) -> tuple[Any, Any]:
     """(the compiled LlamaCausalLM, its ModelParallel distribution), variables placed on `mesh`.
     The initial weights are seeded, so every process of a multi-process run builds the same model."""
     keras.utils.set_random_seed(0)
@@ -70,7 +70,7 @@ def build(mesh: Mesh, sp: bool, layout: str = "megatron") -> tuple[Any, Any]:
                                             batch_dim_name="data")
     with dist.scope():
         backbone = keras_hub.models.LlamaBackbone(
-            vocabulary_size=meshes.VOCAB, num_layers=meshes.LAYERS, num_query_heads=meshes.HEADS,
+            vocabulary_size=meshes.VOCAB, num_layers=layers, num_query_heads=meshes.HEADS,
             num_key_value_heads=meshes.HEADS, hidden_dim=meshes.HIDDEN, intermediate_dim=meshes.MLP,
             dtype="float32")
         model = keras_hub.models.LlamaCausalLM(backbone=backbone, preprocessor=None)
@@ -104,11 +104,11 @@ def forward(mesh: Mesh | None = None, sp: bool = False, layout: str = "megatron"
                              [v.value for v in model.non_trainable_variables], x)
 
 
-def train_step(mesh: Mesh | None = None, sp: bool = False, layout: str = "megatron"
-               ) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+def train_step(mesh: Mesh | None = None, sp: bool = False, layout: str = "megatron",
+               layers: int = meshes.LAYERS) -> tuple[Callable[..., Any], tuple[Any, ...]]:
     """(jitted Keras train_step(state, x, y, sample_weight) -> (logs, state), its arguments)."""
     mesh = data_model_mesh(mesh)
-    model, dist = build(mesh, sp, layout)
+    model, dist = build(mesh, sp, layout, layers)
 
     def step(state: Any, x: dict[str, jax.Array], y: jax.Array, w: jax.Array) -> Any:
         with dist.scope():
@@ -125,6 +125,7 @@ def forward_sp(mesh: Mesh | None = None, layout: str = "megatron") -> tuple[Call
     return forward(mesh, sp=True, layout=layout)
 
 
-def train_step_sp(mesh: Mesh | None = None, layout: str = "megatron") -> tuple[Callable[..., Any], tuple[Any, ...]]:
-    """`train_step` with sequence parallelism."""
-    return train_step(mesh, sp=True, layout=layout)
+def train_step_sp(mesh: Mesh | None = None, layout: str = "megatron", layers: int = meshes.LAYERS
+                  ) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """`train_step` with sequence parallelism (`layers` transformer blocks)."""
+    return train_step(mesh, sp=True, layout=layout, layers=layers)

@@ -1,0 +1,117 @@
+"""What the compiler pass costs to prepare, against plain jit: keras-hub's Llama training step (a
+third-party model of the test extra, tests/models/keras_hub_llama.py) at several depths, sequence
+parallel on the 2x2 (data, model) mesh of 4 in-process CPU devices, every pair forced to its first
+ring (as `overlap(step, strategy=callable)`), and the compiled step's temp memory, plain vs overlapped.
+
+    .venv/bin/python bench/pass_cost.py --layers 2,8,16 --reps 2
+    .venv/bin/python bench/pass_cost.py --layers 2,8 --restart     # a restarted job, JAX's cache on
+
+Per depth and repetition, interleaved (caches cleared before each): `jit` is
+`jax.jit(step).lower(*args).compile()`; `overlap` is `overlap(step).plan(*args)` plus the compile of
+what it runs (`.lower(*args).compile()`, a hit in JAX's in-memory cache when plan compiled it), i.e.
+the time until the overlapped step can run. Medians, [min, max] with more than one repetition.
+`--restart`: each depth runs in two fresh processes sharing a persistent compilation cache
+(JAX_COMPILATION_CACHE_DIR in a temporary folder): the first fills it, the second is timed (jit
+and overlap both warm), which is what a restarted training job pays.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _setup() -> None:
+    os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=4")
+    os.environ.setdefault("KERAS_BACKEND", "jax")
+    sys.path.insert(0, ROOT)
+
+
+def _temp_kb(compiled: object) -> float:
+    m = compiled.memory_analysis()  # type: ignore[attr-defined]
+    return m.temp_size_in_bytes / 2**10
+
+
+def measure(layers: int, reps: int) -> dict[str, object]:
+    import jax
+
+    from autotuner import space
+    from autotuner.overlap import overlap
+    from tests.models import keras_hub_llama as K
+
+    jit_s, ov_s = [], []
+    plain_mb = ov_mb = 0.0
+    applied = pairs = 0
+    for _ in range(reps):
+        # a fresh model for each compile: Keras's train_step does not trace twice
+        fn, args = K.train_step_sp(layers=layers)
+        jax.clear_caches()
+        t = time.perf_counter()
+        plain = fn.lower(*args).compile()
+        jit_s.append(time.perf_counter() - t)
+        plain_mb = _temp_kb(plain)
+        fn, args = K.train_step_sp(layers=layers)
+        jax.clear_caches()
+        t = time.perf_counter()
+        ov = overlap(fn, strategy=lambda p: space(p)[1])
+        plan = ov.plan(*args)
+        done = ov.lower(*args).compile()
+        ov_s.append(time.perf_counter() - t)
+        ov_mb = _temp_kb(done)
+        applied, pairs = sum(r.applied for r in plan), len(plan)
+    return {"layers": layers, "jit_s": jit_s, "overlap_s": ov_s, "pairs": pairs, "applied": applied,
+            "temp_mb_plain": plain_mb, "temp_mb_overlap": ov_mb}
+
+
+def _line(r: dict[str, object]) -> str:
+    j, o = r["jit_s"], r["overlap_s"]
+    assert isinstance(j, list) and isinstance(o, list)
+    ratios = [b / a for a, b in zip(j, o, strict=True)]
+    spread = f" [{min(ratios):.2f}, {max(ratios):.2f}]" if len(ratios) > 1 else ""
+    pm, om = float(r["temp_mb_plain"]), float(r["temp_mb_overlap"])  # type: ignore[arg-type]
+    return (f"| {r['layers']} | {statistics.median(j):.2f} s | {statistics.median(o):.2f} s | "
+            f"{statistics.median(ratios):.2f}x{spread} | {r['applied']}/{r['pairs']} | "
+            f"{pm:.0f} -> {om:.0f} KiB ({100 * (om / pm - 1):+.1f}%) |")
+
+
+HEAD = ("| layers | jit compile | overlap preparation | ratio | pairs decomposed | temp memory (per device) |\n"
+        "|---|---|---|---|---|---|")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--layers", default="2,8,16", help="comma-separated depths")
+    ap.add_argument("--reps", type=int, default=2, help="interleaved repetitions per depth")
+    ap.add_argument("--restart", action="store_true", help="time a second process on a warm persistent cache")
+    ap.add_argument("--one", type=int, help=argparse.SUPPRESS)   # internal: one depth, JSON out
+    a = ap.parse_args()
+    _setup()
+    if a.one is not None:
+        print(json.dumps(measure(a.one, a.reps)))
+        return
+    depths = [int(x) for x in a.layers.split(",")]
+    print(HEAD + ("  (restarted: warm persistent cache)" if a.restart else ""), flush=True)
+    for n in depths:
+        if not a.restart:
+            print(_line(measure(n, a.reps)), flush=True)
+            continue
+        with tempfile.TemporaryDirectory(prefix="pass-cost-cache-") as cache:
+            env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": cache,
+                   "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+                   "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+            cmd = [sys.executable, __file__, "--one", str(n), "--reps", "1"]
+            subprocess.run(cmd, env=env, check=True, capture_output=True)          # fills the cache
+            out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
+            print(_line(json.loads(out.strip().splitlines()[-1])), flush=True)
+
+
+if __name__ == "__main__":
+    main()

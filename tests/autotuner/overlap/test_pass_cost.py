@@ -1,0 +1,103 @@
+"""What preparing the pass compiles (bench/pass_cost.py has the seconds): one analysis compile at
+the backend's cheapest options, one compile of the rewritten program; nothing analysed there with
+Explicit layouts; and with JAX's persistent compilation cache, a restarted job compiles nothing
+for its analysis."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from autotuner import space
+from autotuner.hlo import compile as hc
+from autotuner.overlap import overlap
+
+
+def _program(kind: str) -> tuple[Any, tuple[Any, Any]]:
+    """x (sequence over model) @ w (columns over model): one all-gather -> dot pair."""
+    if jax.device_count() < 4:
+        pytest.skip("needs 4 devices")
+    explicit = kind == "explicit"
+    mesh = jax.make_mesh((4,), ("model",), devices=jax.devices()[:4],
+                         axis_types=(AxisType.Explicit if explicit else AxisType.Auto,))
+    x = jax.device_put(jnp.asarray(np.random.default_rng(0).normal(size=(2, 64, 32)), jnp.float32),
+                       NamedSharding(mesh, P(None, "model", None)))
+    w = jax.device_put(jnp.asarray(np.random.default_rng(1).normal(size=(32, 128)), jnp.float32),
+                       NamedSharding(mesh, P(None, "model")))
+
+    def f(x: jax.Array, w: jax.Array) -> jax.Array:
+        if explicit:
+            x = jax.reshard(x, NamedSharding(mesh, P()))
+            return jnp.einsum("bsd,df->bsf", x, w, out_sharding=NamedSharding(mesh, P(None, None, "model")))
+        return jax.lax.with_sharding_constraint(jnp.einsum("bsd,df->bsf", x, w),
+                                                NamedSharding(mesh, P(None, None, "model")))
+
+    return f, (x, w)
+
+
+@pytest.fixture
+def compiles(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """The options of every compile the pass's HLO reader makes (cheap analysis ones included)."""
+    seen: list[dict[str, Any]] = []
+    real = hc._compile
+
+    def counting(lowered: Any, opts: Any) -> Any:
+        seen.append(dict(opts))
+        return real(lowered, opts)
+
+    monkeypatch.setattr(hc, "_compile", counting)
+    return seen
+
+
+def _cheap(opts: dict[str, Any]) -> bool:
+    return all(opts.get(k) == v for k, v in hc.ANALYSIS_OPTIONS["cpu"].items())
+
+
+@pytest.mark.parametrize("kind", ["explicit", "auto"])
+def test_one_cheap_analysis_then_the_program_that_runs(kind: str, compiles: list[dict[str, Any]]) -> None:
+    f, args = _program(kind)
+    ov = overlap(f, strategy=lambda p: space(p)[1])
+    plan = ov.plan(*args)
+    assert [r.applied for r in plan] == [True], str(plan)
+    # round 1: the tagged program, dumped around the partitioner at the cheapest options
+    assert _cheap(compiles[0]) and "xla_dump_to" in compiles[0]
+    if kind == "explicit":   # the rewritten program is compiled by jax alone, not analysed
+        assert len(compiles) == 1
+    else:                    # Auto layouts: compiled (at full options) and analysed for new pairs
+        assert len(compiles) == 2 and not _cheap(compiles[1]) and "xla_dump_to" in compiles[1]
+    # the prepared executable runs without a compile on the first call, and equals plain jit
+    before = len(compiles)
+    np.testing.assert_allclose(np.asarray(ov(*args)), np.asarray(jax.jit(f)(*args)), rtol=1e-5, atol=1e-5)
+    assert len(compiles) == before
+
+
+def test_nothing_to_rewrite_is_plain_jit(compiles: list[dict[str, Any]]) -> None:
+    f, args = _program("explicit")
+    ov = overlap(f, strategy="baseline")
+    assert [r.applied for r in ov.plan(*args)] == [False]
+    assert len(compiles) == 1 and _cheap(compiles[0])   # the analysis only: the cheap executable never runs
+    assert "__overlap" not in ov.lower(*args).as_text()  # the program itself, untagged
+
+
+def test_a_restarted_job_reads_its_analysis_from_the_persistent_cache(
+        tmp_path: Any, compiles: list[dict[str, Any]]) -> None:
+    f, args = _program("auto")
+    jax.config.update("jax_compilation_cache_dir", str(tmp_path))
+    try:
+        first = overlap(f, strategy=lambda p: space(p)[1]).plan(*args)
+        n_first = len(compiles)
+        assert n_first >= 2 and all(_cheap(o) for o in compiles if "xla_dump_to" in o)
+        assert list((tmp_path / "autotuner-partitioned").glob("*.json.gz"))
+        jax.clear_caches()            # as a new process: JAX's in-memory caches are gone
+        second = overlap(f, strategy=lambda p: space(p)[1]).plan(*args)
+        dumps = [o for o in compiles[n_first:] if "xla_dump_to" in o]
+        assert dumps == [], "the restarted job compiled again for its analysis"
+        assert [(r.key, r.strategy) for r in second] == [(r.key, r.strategy) for r in first]
+    finally:
+        jax.config.update("jax_compilation_cache_dir", None)
