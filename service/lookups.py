@@ -31,13 +31,14 @@ from typing import Any
 from starlette.concurrency import run_in_threadpool
 
 from autotuner import Device, Problem, Strategy, StrategyError
+from autotuner.snapshot import evidence
 from db import Database, StorageError, WinnerRecord
 from db import repository as repo
 from service.fields import ParseMemo
 from service.metrics import Metrics
 from service.model import ModelFn, as_answer, model_answer
 from service.nearest import NearestIndex
-from service.schemas import Lookup, evidence
+from service.schemas import Lookup
 
 log = logging.getLogger("service.lookups")
 

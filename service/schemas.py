@@ -15,6 +15,7 @@ from typing import Any, Literal, Self, get_type_hints
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
+from autotuner import snapshot
 from db import (
     DemandRecord,
     DeviceRecord,
@@ -79,14 +80,6 @@ class Lookup(BaseModel):
     device_key: str
 
 
-def evidence(w: WinnerRecord) -> dict[str, Any]:
-    """What an answer from a stored winner says about it: the fields of :class:`Lookup` and of
-    :class:`SnapshotEntry` that come from the winner record."""
-    ci = (w.speedup_lo, w.speedup_hi) if w.speedup_lo is not None and w.speedup_hi is not None else None
-    return {"strategy": w.strategy, "strategy_key": w.strategy_key, "speedup": w.speedup,
-            "confidence": ci, "record_id": w.id, "measured_at": w.updated_at, "trials": w.trials}
-
-
 class LookupBatch(BaseModel):
     model_config = _OUT
     device_key: str
@@ -109,9 +102,10 @@ class RecordOut(BaseModel):
 
 
 def record_out(record: type, *, drop: tuple[str, ...] = (),
-               after: dict[str, dict[str, Any]] | None = None) -> type[RecordOut]:
-    """The response model of ``record``, named ``{Record}Out`` without "Record": its fields in
-    its order and types, but ``drop``; ``after`` inserts ``{name: type}`` after a field."""
+               after: dict[str, dict[str, Any]] | None = None, name: str | None = None) -> type[RecordOut]:
+    """The response model of ``record`` (a dataclass), named ``name`` or ``{Record}Out`` without
+    "Record": its fields in its order and types, but ``drop``; ``after`` inserts ``{name: type}``
+    after a field."""
     hints = get_type_hints(record)
     fields: dict[str, Any] = {}
     for f in dataclasses.fields(record):
@@ -119,7 +113,7 @@ def record_out(record: type, *, drop: tuple[str, ...] = (),
             fields[f.name] = (hints[f.name], ...)
         for name, hint in (after or {}).get(f.name, {}).items():
             fields[name] = (hint, ...)
-    name = record.__name__.removesuffix("Record") + "Out"
+    name = name or record.__name__.removesuffix("Record") + "Out"
     return create_model(name, __base__=RecordOut, __module__=__name__, **fields)
 
 
@@ -297,30 +291,18 @@ class DemandPage(BaseModel):
 
 # -- snapshot --------------------------------------------------------------------------------------
 
-SNAPSHOT_FORMAT = "autotuner-snapshot"
-SNAPSHOT_VERSION = 1
-
-
-class SnapshotEntry(BaseModel):
-    model_config = _OUT
-    device_key: str
-    problem_key: str
-    strategy: dict[str, Any]
-    strategy_key: str
-    speedup: float
-    confidence: tuple[float, float] | None
-    record_id: int
-    measured_at: datetime
-    trials: int
+# a stored winner as a snapshot lists it (`autotuner.snapshot.Entry`: the fields and their order)
+SnapshotEntry = record_out(snapshot.Entry, name="SnapshotEntry")
 
 
 class Snapshot(BaseModel):
     """Every stored winner (of one device, or of all): what ``autotuner.runtime.client.Client(offline=
-    FILE)`` reads. Only exact (``tuned``) answers; misses fall back to the baseline."""
+    FILE)`` reads. Only exact (``tuned``) answers; misses fall back to the baseline. The format
+    is :mod:`autotuner.snapshot`'s."""
 
     model_config = _OUT
-    format: Literal["autotuner-snapshot"] = SNAPSHOT_FORMAT
-    version: int = SNAPSHOT_VERSION
+    format: Literal[snapshot.FORMAT] = snapshot.FORMAT
+    version: int = snapshot.VERSION
     exported_at: datetime
     devices: list[DeviceOut]
     entries: list[SnapshotEntry]

@@ -105,9 +105,51 @@ def test_the_cycle_check_finds_a_cycle() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
+def _package(module: str) -> str:
+    """autotuner.X for a module of autotuner's sub-package X; db or service for theirs; any
+    other module (autotuner's own top-level modules, its __init__) is its own node."""
+    parts = module.split(".")
+    if parts[0] != "autotuner":
+        return parts[0]
+    if len(parts) > 1 and (REPO / "autotuner" / parts[1]).is_dir():
+        return f"autotuner.{parts[1]}"
+    return module
+
+
+def _package_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The module graph collapsed to packages (`_package`), imports inside one package dropped."""
+    out: dict[str, set[str]] = {}
+    for name, deps in graph.items():
+        pkg = _package(name)
+        out.setdefault(pkg, set()).update(_package(d) for d in deps)
+        out[pkg].discard(pkg)
+    return out
+
+
+def test_no_import_cycle_between_packages() -> None:
+    modules = _modules()
+    graph = _package_graph({name: _imports(name, path, modules) for name, path in modules.items()})
+    cycles = _cycles(graph)
+    assert not cycles, f"packages that import each other (make the dependency point one way): {cycles}"
+
+
+def test_the_package_cycle_check_finds_a_cycle() -> None:
+    """A module graph without a cycle (measure.targets -> lab.spec, lab.runner -> measure.local)
+    has one between its packages (measure <-> lab)."""
+    graph = {"autotuner.measure.targets": {"autotuner.lab.spec"}, "autotuner.lab.spec": set(),
+             "autotuner.lab.runner": {"autotuner.measure.local"}, "autotuner.measure.local": set(),
+             "service.app": {"db.models"}, "db.models": set()}
+    assert _cycles(graph) == []
+    assert _package_graph(graph) == {"autotuner.measure": {"autotuner.lab"},
+                                     "autotuner.lab": {"autotuner.measure"}, "service": {"db"}, "db": set()}
+    assert _cycles(_package_graph(graph)) == [["autotuner.lab", "autotuner.measure"]]
+
+
 def test_dependencies_point_one_way() -> None:
     """db imports of autotuner only its light core (errors, settings); autotuner's runtime
-    imports no db, service or tuner code; nothing of autotuner imports service."""
+    imports no db, service or tuner code; nothing of autotuner imports service; measure times
+    what it is given: it imports neither the compiler pass nor the runtime, nor the lab's
+    runner (the lab imports nothing of measure)."""
     modules = _modules()
     graph = {name: _imports(name, path, modules) for name, path in modules.items()}
     allowed_core = {"autotuner.errors", "autotuner.settings"}
@@ -124,6 +166,11 @@ def test_dependencies_point_one_way() -> None:
                 bad.append((name, d))
             if name.startswith("autotuner.strategies") and (dtop in ("db", "service")
                                                             or d.startswith("autotuner.tune")):
+                bad.append((name, d))
+            if name.startswith("autotuner.measure") and d.startswith(
+                    ("autotuner.runtime", "autotuner.overlap", "autotuner.lab.runner")):
+                bad.append((name, d))
+            if name.startswith("autotuner.lab") and d.startswith("autotuner.measure"):
                 bad.append((name, d))
     assert not bad, f"imports against the layout's direction: {sorted(bad)}"
 

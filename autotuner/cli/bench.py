@@ -136,8 +136,8 @@ def bench_cmd(
 def _bench_here(tgt: Any, target: str, fkw: dict[str, Any], shape: dict[str, int] | None, explicit: bool,
                 chosen: Any, sources: dict[str, Any], tmp: str, *, reps: int, warmup: int, pairs: bool,
                 pair_reps: int) -> tuple[Any, list[dict[str, Any]], list[str], float, Any]:
+    from autotuner.cli.model import Bench, ModelError, load_factory, plan_rows
     from autotuner.cli.plan import mesh_size
-    from autotuner.measure.model import Bench, ModelError, load_factory, plan_rows
     from autotuner.measure.steps import compare, pair_breakdown, time_steps
     from autotuner.measure.targets import TargetError, TargetSession
     from autotuner.problem import problem_from_dict

@@ -1,5 +1,5 @@
 """`bench-model --target lab:...`: the program is built in every process of the lab (the handler
-`autotuner.measure.model:handle`), which plans it, checks its numerics and times it; the parent
+`autotuner.cli.model:handle`), which plans it, checks its numerics and times it; the parent
 times each decomposed pair alone on the same lab through the tuner's `LabRunner`."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ LOAD_TIMEOUT_S = 1800.0
 def bench_on_lab(tgt: Any, target: str, fkw: dict[str, Any], shape: dict[str, int] | None, explicit: bool,
                  chosen: Any, sources: dict[str, Any], tmp: str, *, reps: int, warmup: int, pairs: bool,
                  pair_reps: int) -> tuple[Any, list[dict[str, Any]], list[str], float, Any]:
+    from autotuner.cli.model import HANDLER
     from autotuner.lab import Lab, LabSpec, LabWorkerError
-    from autotuner.lab.runner import LabRunner
-    from autotuner.measure.model import HANDLER
+    from autotuner.measure.lab import LabRunner
     from autotuner.measure.steps import compare, pair_breakdown
     from autotuner.problem import problem_from_dict
     from autotuner.strategy import Strategy

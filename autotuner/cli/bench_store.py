@@ -40,7 +40,7 @@ def bench_values(res: Any, *, program: str, kwargs: dict[str, Any], target: str,
 def store_bench(url: str, device: Any, values: dict[str, Any]) -> int:
     """Store one run (`values` from `bench_values`) for `device` (an `autotuner.Device`) in the
     results database at `url`; returns its id."""
-    from autotuner.tune.store import device_values
+    from autotuner.snapshot import device_values
     from db import SchemaError, StorageError
     from db import repository as repo
 

@@ -114,8 +114,8 @@ def extract_cmd(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", hidden=True,
                                           help="accepted for compatibility: skipped pairs are listed by default")] = False,
 ) -> None:
+    from autotuner.cli.model import ModelError, call_factory, import_target, make_mesh
     from autotuner.cli.program import json_arg, parse_kwargs, parse_mesh, setup_devices
-    from autotuner.measure.model import ModelError, call_factory, import_target, make_mesh
 
     shape = parse_mesh(mesh)
     if args is not None and shape is None:

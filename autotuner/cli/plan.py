@@ -25,7 +25,7 @@ Under --strategy auto (the default) a pair runs a tuned winner only when its spe
 
 
 def print_plan(plan: list[dict[str, Any]], notes: list[str], out: Any = None) -> None:
-    """The rows of `measure.model.plan_rows` as a table, then the notes."""
+    """The rows of `cli.model.plan_rows` as a table, then the notes."""
     out = out or sys.stdout
     head = ("pair", "problem", "collective", "strategy", "source", "saving", "x")
     rows = [head] + [(r["name"], (r["key"] or "-")[:12], r["form"], r["strategy"], r["source"],
@@ -92,8 +92,8 @@ def plan_cmd(
     prog = load_program(target, mesh=mesh, kwargs=kwargs, explicit=explicit, devices=devices)
     import jax
 
-    from autotuner.measure.model import plan_rows
-    from autotuner.runtime.overlap import overlap
+    from autotuner.cli.model import plan_rows
+    from autotuner.overlap import overlap
 
     with tempfile.TemporaryDirectory(prefix="autotuner-plan-") as tmp:
         winners = make_client(db=db, service=service, snapshot=snapshot, device=device,

@@ -62,9 +62,9 @@ def setup_devices(n: int) -> None:
 
 def load_program(target: str, *, mesh: str | None, kwargs: str | None, explicit: bool,
                  devices: int | None = None) -> Any:
-    """The factory's program (`measure.model.Program`), on `devices` in-process CPU devices
+    """The factory's program (`cli.model.Program`), on `devices` in-process CPU devices
     (default: the mesh's size, else 8) unless JAX already runs."""
-    from autotuner.measure.model import ModelError, load_factory
+    from autotuner.cli.model import ModelError, load_factory
 
     shape = parse_mesh(mesh)
     fkw = parse_kwargs(kwargs)

@@ -2,7 +2,7 @@
 (--service, its /v1/snapshot), or a snapshot file (--snapshot); none of them: the configured
 service (AUTOTUNER_SERVICE_URL), else no client (every pair stays baseline).
 
-Every source is read as one snapshot (the service's format), answered offline by a `Client` for
+Every source is read as one snapshot (`autotuner.snapshot`), answered offline by a `Client` for
 one device fingerprint: --device (a key, a key prefix or a label such as
 `cpu:cpux4/lab-shared-2gbit`), else the one device of the snapshot with winners for the program's
 mesh size. Not a command group (it registers nothing).
@@ -23,6 +23,7 @@ SOURCE_HELP = ("winners from a results database URL (--db), a service (--service
 
 
 def _from_db(url: str) -> dict[str, Any]:
+    from autotuner import snapshot
     from db import SchemaError
     from db import repository as repo
 
@@ -31,19 +32,10 @@ def _from_db(url: str) -> dict[str, Any]:
     except SchemaError as e:
         fail(str(e))
     with database.session(read_only=True) as s:
-        devices = [{k: getattr(d, k) for k in ("key", "platform", "device_kind", "num_devices",
-                                                "num_processes", "topology", "jax_version",
-                                                "jaxlib_version")} for d in repo.list_devices(s)]
-        entries = []
-        for w in repo.list_winners(s):
-            ci = [w.speedup_lo, w.speedup_hi] if w.speedup_lo is not None and w.speedup_hi is not None else None
-            entries.append({"device_key": w.device_key, "problem_key": w.problem_key,
-                            "strategy": w.strategy, "strategy_key": w.strategy_key,
-                            "speedup": w.speedup, "confidence": ci, "record_id": w.id,
-                            "measured_at": w.updated_at.isoformat() if w.updated_at else None,
-                            "trials": w.trials})
+        devices = [{k: getattr(d, k) for k in snapshot.DEVICE_FIELDS} for d in repo.list_devices(s)]
+        entries = [snapshot.Entry.of(w).to_json() for w in repo.list_winners(s)]
     database.engine.dispose()
-    return {"format": "autotuner-snapshot", "version": 1, "devices": devices, "entries": entries}
+    return snapshot.document(devices, entries)
 
 
 def _from_service(url: str) -> dict[str, Any]:
@@ -62,22 +54,12 @@ def _from_service(url: str) -> dict[str, Any]:
     raise AssertionError("unreachable")
 
 
-def _from_file(path: str) -> dict[str, Any]:
-    try:
-        doc = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
-        fail(f"--snapshot {path}: {e}")
-    if not isinstance(doc, dict):
-        fail(f"--snapshot {path}: not an autotuner snapshot")
-    return doc
-
-
 def _label(d: dict[str, Any]) -> str:
     return f"{d['platform']}:{d['device_kind']}x{d['num_devices']}/{d.get('topology') or ''}"
 
 
 def _pick_device(doc: dict[str, Any], wanted: str | None, n: int, prefer: str | None = None) -> Any:
-    from autotuner.device import Device, DeviceError
+    from autotuner.snapshot import SnapshotError, device_of
 
     devices = [d for d in doc.get("devices") or [] if isinstance(d, dict)]
     with_winners = {e.get("device_key") for e in doc.get("entries") or [] if isinstance(e, dict)}
@@ -96,15 +78,10 @@ def _pick_device(doc: dict[str, Any], wanted: str | None, n: int, prefer: str | 
                  + ", ".join(f"{_label(d)} ({str(d['key'])[:12]})" for d in hits) + "; pick one with --device")
         if not hits:
             return None
-    d = hits[0]
     try:
-        dev = Device.from_dict({k: d[k] for k in ("platform", "device_kind", "num_devices", "num_processes",
-                                                   "topology", "jax_version", "jaxlib_version")})
-    except (KeyError, DeviceError) as e:
-        fail(f"the winners' device {d.get('key')} is not a device fingerprint: {e}")
-    if dev.key != d.get("key"):
-        fail(f"the winners' device {d.get('key')} does not match its own fingerprint")
-    return dev
+        return device_of(hits[0])
+    except SnapshotError as e:
+        fail(f"the winners' {e}")
 
 
 @dataclass
@@ -130,15 +107,20 @@ def make_client(*, db: str | None, service: str | None, snapshot: str | None, de
         c = default_client()
         return Winners(c, "winners from the configured service" if c is not None
                        else "no winners source (--db, --service, --snapshot): every pair stays baseline")
-    doc = _from_db(db) if db else _from_service(service) if service else _from_file(str(snapshot))
-    dev = _pick_device(doc, device, n, prefer)
+    from autotuner.snapshot import SnapshotError, check, load
+
     where = f"--db {db}" if db else f"--service {service}" if service else f"--snapshot {snapshot}"
+    try:
+        doc = _from_db(db) if db else check(_from_service(service), "its answer") if service else load(snapshot)
+    except SnapshotError as e:
+        fail(f"{where}: {e}")
+    dev = _pick_device(doc, device, n, prefer)
     if dev is None:
         return Winners(None, f"{where} holds no winners for {n} devices: every pair stays baseline")
     from autotuner.runtime.client import Client, ClientError
 
     path = Path(tempfile.mkstemp(suffix=".json", dir=tmpdir)[1])
-    path.write_text(json.dumps({**doc, "format": "autotuner-snapshot", "version": 1}, default=str))
+    path.write_text(json.dumps(doc))
     try:
         client = Client(offline=path, device=dev)
     except ClientError as e:

@@ -81,11 +81,11 @@ ANSWERS_MAX = 100_000
 
 def save_params(database: Any, device: Device, params: Params, *, raw: dict[str, Any] | None = None) -> Any:
     """Store `params` as `device`'s calibration (the newest one is the one used)."""
-    from autotuner.tune import store
+    from autotuner.snapshot import device_values
     from db import repository as repo
 
     with database.session() as s:
-        dev = repo.upsert_device(s, **store.device_values(device))
+        dev = repo.upsert_device(s, **device_values(device))
         return repo.add_calibration(s, dev.id, model=f"costmodel-v{VERSION}", params=params.to_dict(),
                                     raw=raw)
 

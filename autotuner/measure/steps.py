@@ -6,7 +6,8 @@ taken as the slowest process's time (`Sync`). `StepStats.of` summarises one prog
 median and a 95% bootstrap interval of the median; `compare` gives the speedup (plain median /
 overlapped median) with the paired bootstrap interval of `stats.ratio_ci`. `pair_breakdown`
 times each decomposed pair alone (its baseline, its strategy, the collective alone) with the
-tuner's own harness, so a step's figure can be read against where its time goes.
+tuner's own harness, so a step's figure can be read against where its time goes. `rel_error`
+checks the overlapped step's results against plain jit's before any of this.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ import numpy as np
 from autotuner.measure.session import NoSync, Sync, run_session
 from autotuner.measure.stats import ratio_ci
 
-__all__ = ["PairTiming", "StepBench", "StepStats", "compare", "median_ci", "pair_breakdown", "time_steps"]
+__all__ = ["PairTiming", "StepBench", "StepStats", "compare", "median_ci", "pair_breakdown", "rel_error",
+           "time_steps"]
 
 
 def median_ci(samples: Sequence[float], *, level: float = 0.95, boot: int = 2000,
@@ -38,6 +40,33 @@ def median_ci(samples: Sequence[float], *, level: float = 0.95, boot: int = 2000
     meds = np.median(a[rng.integers(0, a.size, size=(boot, a.size))], axis=1)
     lo, hi = np.percentile(meds, [100 * (1 - level) / 2, 100 * (1 + level) / 2])
     return med, float(lo), float(hi)
+
+
+def rel_error(plain: Any, overlapped: Any) -> float:
+    """The worst relative error (max |diff| / max |plain|, per output) of `overlapped`'s results
+    against `plain`'s (pytrees of arrays); computed on the devices, so it works across processes.
+    inf when the two differ in structure or shape."""
+    import jax
+    import jax.numpy as jnp
+
+    a_leaves, b_leaves = jax.tree.leaves(overlapped), jax.tree.leaves(plain)
+    if len(a_leaves) != len(b_leaves):
+        return float("inf")
+
+    @jax.jit
+    def rel(a: Any, b: Any) -> Any:
+        a, b = jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32)
+        return jnp.max(jnp.abs(a - b)) / jnp.maximum(jnp.max(jnp.abs(b)), 1e-30)
+
+    worst = 0.0
+    for a, b in zip(a_leaves, b_leaves, strict=True):
+        if getattr(a, "shape", None) != getattr(b, "shape", None):
+            return float("inf")
+        if getattr(b, "size", 1) == 0:
+            continue
+        r = rel(a, b)
+        worst = max(worst, float(np.asarray(r.addressable_data(0) if hasattr(r, "addressable_data") else r)))
+    return worst
 
 
 @dataclass(frozen=True)

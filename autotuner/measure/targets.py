@@ -89,7 +89,7 @@ class TargetSession:
             self.device = Device.current(topology="local")
         else:
             from autotuner.lab import LabSpec
-            from autotuner.lab.runner import LabRunner, open_lab
+            from autotuner.measure.lab import LabRunner, open_lab
 
             spec = LabSpec.parse(target.text)
             self.lab = open_lab(spec, log=self.log)

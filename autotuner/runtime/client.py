@@ -39,6 +39,7 @@ from typing import Any
 
 import httpx
 
+from autotuner import snapshot
 from autotuner.device import Device
 from autotuner.errors import AutotunerError
 from autotuner.problem import GroupedProblem, Problem, problem_from_dict
@@ -50,7 +51,6 @@ log = logging.getLogger("autotuner.runtime.client")
 
 SOURCES = ("tuned", "nearest", "model", "default")
 BATCH = 500  # problems per POST /v1/lookup/batch (the service accepts up to AUTOTUNER_MAX_BATCH)
-SNAPSHOT_FORMAT = "autotuner-snapshot"
 
 
 class ClientError(AutotunerError, RuntimeError):
@@ -67,7 +67,8 @@ class _Refused(ClientError):
 
 @dataclass(frozen=True, slots=True)
 class LookupResult:
-    """The strategy to use for one problem on one device (see the service's ``Lookup``)."""
+    """The strategy to use for one problem on one device (see the service's ``Lookup``); its
+    JSON carries a snapshot entry's fields in their form (:mod:`autotuner.snapshot`)."""
 
     strategy: Strategy
     source: str                              # tuned | nearest | model | default
@@ -84,12 +85,9 @@ class LookupResult:
 
     @classmethod
     def from_json(cls, d: dict[str, Any], origin: str) -> LookupResult:
-        ci = d.get("confidence")
-        at = d.get("measured_at")
         return cls(strategy=Strategy.from_dict(d["strategy"]), source=str(d.get("source", "tuned")),
-                   speedup=d.get("speedup"), confidence=(float(ci[0]), float(ci[1])) if ci else None,
-                   record_id=d.get("record_id"),
-                   measured_at=datetime.fromisoformat(at.replace("Z", "+00:00")) if at else None,
+                   speedup=d.get("speedup"), confidence=snapshot.confidence_of(d.get("confidence")),
+                   record_id=d.get("record_id"), measured_at=snapshot.time_of(d.get("measured_at")),
                    problem_key=str(d["problem_key"]), device_key=str(d["device_key"]),
                    origin=str(d.get("origin", origin)),
                    distance=d.get("distance"), neighbor_key=d.get("neighbor_key"), trials=d.get("trials"))
@@ -97,8 +95,7 @@ class LookupResult:
     def to_json(self) -> dict[str, Any]:
         return {"strategy": self.strategy.to_dict(), "source": self.source, "speedup": self.speedup,
                 "confidence": list(self.confidence) if self.confidence else None,
-                "record_id": self.record_id,
-                "measured_at": self.measured_at.isoformat() if self.measured_at else None,
+                "record_id": self.record_id, "measured_at": snapshot.time_json(self.measured_at),
                 "problem_key": self.problem_key, "device_key": self.device_key,
                 "distance": self.distance, "neighbor_key": self.neighbor_key, "trials": self.trials}
 
@@ -111,21 +108,16 @@ class LookupResult:
 
 def load_snapshot(path: str | os.PathLike[str]) -> dict[tuple[str, str], LookupResult]:
     """The answers of a snapshot file (``GET /v1/snapshot``), by (device key, problem key)."""
-    p = Path(path)
     try:
-        doc = json.loads(p.read_text())
-    except (OSError, ValueError) as e:
-        raise ClientError(f"cannot read the snapshot {p}: {e}") from None
-    if not isinstance(doc, dict) or doc.get("format") != SNAPSHOT_FORMAT:
-        raise ClientError(f"{p} is not an autotuner snapshot (expected format {SNAPSHOT_FORMAT!r})")
-    if doc.get("version") != 1:
-        raise ClientError(f"{p}: snapshot version {doc.get('version')!r} is not supported (need 1)")
+        doc = snapshot.load(path)
+    except snapshot.SnapshotError as e:
+        raise ClientError(str(e)) from None
     out = {}
     for i, e in enumerate(doc.get("entries", [])):
         try:
             r = LookupResult.from_json({**e, "source": "tuned"}, "snapshot")
         except (KeyError, TypeError, ValueError, StrategyError) as err:
-            raise ClientError(f"{p}: entries[{i}] is invalid: {err}") from None
+            raise ClientError(f"{path}: entries[{i}] is invalid: {err}") from None
         out[(r.device_key, r.problem_key)] = r
     return out
 

@@ -1,4 +1,5 @@
-"""From autotuner's types to the database's plain values (db imports nothing of ours)."""
+"""From autotuner's types to the database's plain values (db imports nothing of ours); a
+device's are `autotuner.snapshot.device_values`, shared with the cost model's store."""
 
 from __future__ import annotations
 
@@ -9,10 +10,7 @@ from typing import Any
 from autotuner.device import Device
 from autotuner.measure import Candidate, SessionResult
 from autotuner.problem import Problem
-
-
-def device_values(d: Device) -> dict[str, Any]:
-    return {"key": d.key, **d.to_dict()}
+from autotuner.snapshot import device_values
 
 
 def problem_values(p: Problem, name: str | None = None) -> dict[str, Any]:

@@ -7,10 +7,11 @@ from typing import Annotated
 
 from fastapi import APIRouter
 
+from autotuner.snapshot import Entry
 from db import repository as repo
 from service.deps import ReadAuth, ReadSessionDep
 from service.routes._common import READ, responses, text_query
-from service.schemas import DeviceOut, Snapshot, SnapshotEntry, evidence
+from service.schemas import DeviceOut, Snapshot, SnapshotEntry
 
 router = APIRouter(tags=["snapshot"])
 
@@ -30,7 +31,6 @@ def snapshot(
     """Every stored winner (of one device, or all), for `Client(offline="snapshot.json")`."""
     exported_at = datetime.now(UTC)
     devices = [d for d in repo.list_devices(s) if device_key is None or d.key == device_key]
-    entries = [SnapshotEntry(device_key=w.device_key, problem_key=w.problem_key, **evidence(w))
-               for w in repo.list_winners(s, device_key)]
+    entries = [SnapshotEntry.of(Entry.of(w)) for w in repo.list_winners(s, device_key)]
     return Snapshot(exported_at=exported_at, devices=[DeviceOut.of(d) for d in devices],
                     entries=entries)

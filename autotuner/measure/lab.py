@@ -1,4 +1,4 @@
-"""Measurements on the lab, in lockstep.
+"""The `lab` target: measurements on the emulated mesh (`autotuner.lab`), in lockstep.
 
 The parent (`LabRunner`, in the root namespace where the database lives) decides what to measure
 next and sends one small request at a time to process 0 of the lab; every process runs `handle`
@@ -15,15 +15,17 @@ from typing import Any
 
 from autotuner.device import Device
 from autotuner.lab import Lab, LabSpec, LabWorkerError
-from autotuner.measure import LocalRunner
+from autotuner.measure.local import LocalRunner
 from autotuner.problem import Problem, problem_from_dict
 from autotuner.strategy import Strategy
 
-HANDLER = "autotuner.lab.runner:handle"
+HANDLER = "autotuner.measure.lab:handle"
 
 # -- worker side --------------------------------------------------------------------------------
 
-class _CtxSync:
+class CtxSync:
+    """The lab's processes in lockstep, for the timing loops (`LocalRunner`, `steps.time_steps`)."""
+
     def __init__(self, ctx: Any):
         self.ctx, self.count = ctx, 0
 
@@ -61,7 +63,7 @@ def handle(request: dict[str, Any], ctx: Any) -> dict[str, Any]:
         problem = problem_from_dict(request["problem"])
         names = [a for a, _ in problem.mesh]
         shape = [s for _, s in problem.mesh]
-        runner = LocalRunner(ctx.mesh(names, shape), _CtxSync(ctx), warmup=int(request.get("warmup", 2)))
+        runner = LocalRunner(ctx.mesh(names, shape), CtxSync(ctx), warmup=int(request.get("warmup", 2)))
         runner.begin(problem)
         ctx.state["runner"] = runner
         return {"ok": True}

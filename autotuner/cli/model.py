@@ -1,7 +1,8 @@
-"""A user's program for `bench-model`: loaded from MODULE:FACTORY, planned by `overlap`, run
-plain and overlapped, in this process or in each process of a lab (`handle`, the lab's handler:
-its own ops `step_load`/`step_time`, the tuner's per-problem ops for everything else, so the
-per-pair breakdown runs on the same lab).
+"""A user's program for `plan`, `extract` and `bench-model`: loaded from MODULE:FACTORY, planned
+by `overlap`, run plain and overlapped, in this process or in each process of a lab (`handle`,
+the lab's handler: its own ops `step_load`/`step_time`, the tuner's per-problem ops for everything
+else, so the per-pair breakdown runs on the same lab). The timing and the numerics check are
+`autotuner.measure.steps`'. Not a command group (it registers nothing).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 
 from autotuner.errors import AutotunerError
 
-HANDLER = "autotuner.measure.model:handle"
+HANDLER = "autotuner.cli.model:handle"
 
 
 class ModelError(AutotunerError, ValueError):
@@ -136,7 +137,7 @@ class Bench:
     def __init__(self, prog: Program, strategy: Any, client: Any) -> None:
         import jax
 
-        from autotuner.runtime.overlap import overlap
+        from autotuner.overlap import overlap
 
         self.prog = prog
         fn = prog.fn if hasattr(prog.fn, "lower") else jax.jit(prog.fn)
@@ -149,31 +150,11 @@ class Bench:
         return [lambda: self.plain(*a, **k), lambda: self.overlapped(*a, **k)]
 
     def error(self) -> float:
-        """The worst relative error (max |diff| / max |plain|, per output) of the overlapped
-        results against plain jit's; computed on the devices, so it works across processes."""
-        import jax
-        import jax.numpy as jnp
-        import numpy as np
+        """The worst relative error of the overlapped results against plain jit's."""
+        from autotuner.measure.steps import rel_error
 
         plain, ov = (t() for t in self.thunks())
-        a_leaves, b_leaves = jax.tree.leaves(ov), jax.tree.leaves(plain)
-        if len(a_leaves) != len(b_leaves):
-            return float("inf")
-
-        @jax.jit
-        def rel(a: Any, b: Any) -> Any:
-            a, b = jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32)
-            return jnp.max(jnp.abs(a - b)) / jnp.maximum(jnp.max(jnp.abs(b)), 1e-30)
-
-        worst = 0.0
-        for a, b in zip(a_leaves, b_leaves, strict=True):
-            if getattr(a, "shape", None) != getattr(b, "shape", None):
-                return float("inf")
-            if getattr(b, "size", 1) == 0:
-                continue
-            r = rel(a, b)
-            worst = max(worst, float(np.asarray(r.addressable_data(0) if hasattr(r, "addressable_data") else r)))
-        return worst
+        return rel_error(plain, ov)
 
 
 # -- the lab's handler ---------------------------------------------------------------------------
@@ -185,14 +166,14 @@ def handle(request: dict[str, Any], ctx: Any) -> dict[str, Any]:
     if op == "step_load":
         return _step_load(request, ctx)
     if op == "step_time":
-        from autotuner.lab.runner import _CtxSync
+        from autotuner.measure.lab import CtxSync
         from autotuner.measure.steps import time_steps
 
         bench: Bench = ctx.state["bench"]
         plain, ov = time_steps(bench.thunks(), reps=int(request["reps"]), warmup=int(request.get("warmup", 2)),
-                               sync=_CtxSync(ctx))
+                               sync=CtxSync(ctx))
         return {"plain": plain, "overlapped": ov}
-    from autotuner.lab.runner import handle as tuner_handle
+    from autotuner.measure.lab import handle as tuner_handle
 
     return tuner_handle(request, ctx)
 

@@ -11,8 +11,8 @@ import pytest
 
 from autotuner import Problem, space
 from autotuner.lab import LabSpec
-from autotuner.lab.runner import LabRunner, open_lab
 from autotuner.measure import run_session
+from autotuner.measure.lab import LabRunner, open_lab
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 

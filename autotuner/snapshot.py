@@ -1,0 +1,129 @@
+"""The snapshot format, in one place: the stored winners as JSON, for a client that answers
+without asking the service.
+
+A snapshot is one JSON object::
+
+    {"format": "autotuner-snapshot", "version": 1, "exported_at": TIME,
+     "devices": [DEVICE, ...],     # each the device's key and fingerprint (`DEVICE_FIELDS`)
+     "entries": [ENTRY, ...]}      # one stored winner each (`Entry`)
+
+The service serves it (``GET /v1/snapshot``: its response models are derived from `Entry`),
+`autotuner plan/bench-model --db` builds it from the database (`document`), and
+``Client(offline=FILE)`` reads it (`load`). A lookup answer (the client's ``LookupResult`` and
+its disk cache's lines) carries an entry's fields in the same JSON form (`time_json`,
+`time_of`, `confidence_of`). Imports no db, web or optuna code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, fields
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from autotuner.device import Device, DeviceError
+from autotuner.errors import AutotunerError
+
+FORMAT = "autotuner-snapshot"
+VERSION = 1
+# a device as stored and as a snapshot lists it: its key, then its fingerprint
+DEVICE_FIELDS = ("key", *(f.name for f in fields(Device)))
+
+
+class SnapshotError(AutotunerError, ValueError):
+    """A file or document that is not a snapshot of this version, or an invalid part of one."""
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One stored winner of a snapshot, its fields in their JSON order. ``confidence`` is the
+    speedup's interval where one was measured, ``record_id`` the winner record's id,
+    ``measured_at`` when it last changed."""
+
+    device_key: str
+    problem_key: str
+    strategy: dict[str, Any]
+    strategy_key: str
+    speedup: float
+    confidence: tuple[float, float] | None
+    record_id: int
+    measured_at: datetime
+    trials: int
+
+    @classmethod
+    def of(cls, winner: Any) -> Entry:
+        """The entry of a stored winner (a ``db.WinnerRecord``, read by attribute)."""
+        return cls(device_key=winner.device_key, problem_key=winner.problem_key, **evidence(winner))
+
+    def to_json(self) -> dict[str, Any]:
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {**d, "confidence": list(self.confidence) if self.confidence else None,
+                "measured_at": time_json(self.measured_at)}
+
+
+def evidence(winner: Any) -> dict[str, Any]:
+    """What an answer taken from a stored winner says about it: the fields of its `Entry` but
+    the two keys (``measured_at`` a datetime, ``confidence`` a tuple or None)."""
+    lo, hi = winner.speedup_lo, winner.speedup_hi
+    return {"strategy": winner.strategy, "strategy_key": winner.strategy_key, "speedup": winner.speedup,
+            "confidence": (lo, hi) if lo is not None and hi is not None else None,
+            "record_id": winner.id, "measured_at": winner.updated_at, "trials": winner.trials}
+
+
+def time_json(t: datetime | None) -> str | None:
+    return t.isoformat() if t is not None else None
+
+
+def time_of(text: str | None) -> datetime | None:
+    """A `time_json` (or the service's ``...Z``) as a datetime."""
+    return datetime.fromisoformat(text.replace("Z", "+00:00")) if text else None
+
+
+def confidence_of(value: Any) -> tuple[float, float] | None:
+    return (float(value[0]), float(value[1])) if value else None
+
+
+def device_values(device: Device) -> dict[str, Any]:
+    """The device as stored (the database's device row) and as a snapshot lists it."""
+    return {"key": device.key, **device.to_dict()}
+
+
+def device_of(item: Any) -> Device:
+    """The device a snapshot lists; SnapshotError unless a fingerprint whose key it matches."""
+    try:
+        device = Device.from_dict({k: item[k] for k in DEVICE_FIELDS[1:]})
+    except (KeyError, TypeError, DeviceError) as e:
+        key = item.get("key") if isinstance(item, dict) else item
+        raise SnapshotError(f"device {key} is not a device fingerprint: {e}") from None
+    if device.key != item.get("key"):
+        raise SnapshotError(f"device {item.get('key')} does not match its own fingerprint")
+    return device
+
+
+def document(devices: list[dict[str, Any]], entries: list[dict[str, Any]],
+             exported_at: datetime | None = None) -> dict[str, Any]:
+    """A snapshot of `devices` and `entries` (`Entry.to_json`), exported now by default."""
+    return {"format": FORMAT, "version": VERSION, "exported_at": time_json(exported_at or datetime.now(UTC)),
+            "devices": devices, "entries": entries}
+
+
+def check(doc: Any, where: str) -> dict[str, Any]:
+    """`doc` if it is a snapshot of this version, else SnapshotError naming `where`."""
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise SnapshotError(f"{where} is not an autotuner snapshot (expected format {FORMAT!r})")
+    if doc.get("version") != VERSION:
+        raise SnapshotError(f"{where}: snapshot version {doc.get('version')!r} is not supported "
+                            f"(need {VERSION})")
+    return doc
+
+
+def load(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A snapshot file's document (see `check`); SnapshotError if it cannot be read."""
+    p = Path(path)
+    try:
+        doc = json.loads(p.read_text())
+    except (OSError, ValueError) as e:
+        raise SnapshotError(f"cannot read the snapshot {p}: {e}") from None
+    return check(doc, str(p))
