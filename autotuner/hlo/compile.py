@@ -11,7 +11,7 @@ import os
 import re
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from autotuner.hlo.pairs import ExtractReport
 from autotuner.hlo.problems import extract_from_hlo
@@ -101,13 +101,32 @@ def _cache_key(lowered: Any, opts: Mapping[str, Any]) -> str:
     return h.hexdigest()
 
 
-def partitioned_texts(lowered: Any, *, analysis: bool = False) -> tuple[str, str, int, Any]:
-    """(propagated, partitioned, num_partitions, compiled) of a lowered program: the HLO text before
-    and after XLA's SPMD partitioner (both '' for a one-device program, where it does not run) and
-    the executable. `analysis=True`: the texts are all that is wanted, so the backend compiles at its
-    cheapest (`ANALYSIS_OPTIONS`) and `compiled` is None (not fit to run). With JAX's persistent
-    compilation cache configured the texts are kept beside it, so the same program analysed again
-    (a restarted job) is not compiled for them (`compiled` is then None when `analysis`)."""
+class Partitioned(NamedTuple):
+    """A lowered program's HLO text before and after XLA's SPMD partitioner (both '' for a
+    one-device program, where it does not run), its partition count, the compiled program's temp
+    (scratch) bytes per device, and the executable where one was compiled to run."""
+
+    pre: str
+    post: str
+    parts: int
+    temp_bytes: int | None
+    compiled: Any
+
+
+def temp_bytes(compiled: Any) -> int | None:
+    """The compiled program's temp (scratch) bytes per device, where the backend says."""
+    try:
+        return int(compiled.memory_analysis().temp_size_in_bytes)
+    except Exception:  # noqa: BLE001 - a backend without memory analysis
+        return None
+
+
+def partitioned_texts(lowered: Any, *, analysis: bool = False) -> Partitioned:
+    """A lowered program's `Partitioned`. `analysis=True`: the texts (and temp bytes: the buffer
+    assignment does not depend on code generation) are all that is wanted, so the backend
+    compiles at its cheapest (`ANALYSIS_OPTIONS`) and `compiled` is None (not fit to run). With
+    JAX's persistent compilation cache configured the texts are kept beside it, so the same
+    program analysed again (a restarted job) is not compiled for them."""
     import jax
     from jax._src import config
 
@@ -123,21 +142,22 @@ def partitioned_texts(lowered: Any, *, analysis: bool = False) -> tuple[str, str
         with tempfile.TemporaryDirectory(prefix="autotuner-extract-") as d, \
                 config.enable_compilation_cache(False):
             compiled = _compile(lowered, {**(cheap if dump_only else {}), **_DUMP, "xla_dump_to": d})
-            texts = _read_dump(d)
+            texts = (*_read_dump(d), temp_bytes(compiled))
         if cache:
             _store(cache, key, *texts)
         if not dump_only:
-            return (*texts, compiled)
-    return (*texts, None if analysis else _compile(lowered, {}))
+            return Partitioned(*texts, compiled)
+    return Partitioned(*texts, None if analysis else _compile(lowered, {}))
 
 
-def _load(cache: str, key: str) -> tuple[str, str, int] | None:
+def _load(cache: str, key: str) -> tuple[str, str, int, int | None] | None:
     path = os.path.join(cache, key + ".json.gz")
     try:
         with gzip.open(path, "rt") as fh:
             got = json.load(fh)
-        return str(got["pre"]), str(got["post"]), int(got["parts"])
-    except (OSError, ValueError, KeyError, TypeError):
+        temp = got.get("temp_bytes")
+        return str(got["pre"]), str(got["post"]), int(got["parts"]), None if temp is None else int(temp)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
@@ -148,12 +168,12 @@ def _compile(lowered: Any, opts: Mapping[str, Any]) -> Any:
         raise ExtractError(f"could not compile the function: {e}") from e
 
 
-def _store(cache: str, key: str, pre: str, post: str, parts: int) -> None:
+def _store(cache: str, key: str, pre: str, post: str, parts: int, temp: int | None) -> None:
     try:
         os.makedirs(cache, exist_ok=True)
         tmp = os.path.join(cache, f".{key}.{os.getpid()}.tmp")
         with gzip.open(tmp, "wt") as fh:
-            json.dump({"pre": pre, "post": post, "parts": parts}, fh)
+            json.dump({"pre": pre, "post": post, "parts": parts, "temp_bytes": temp}, fh)
         os.replace(tmp, os.path.join(cache, key + ".json.gz"))
     except OSError as e:   # a cache that cannot be written is no reason to fail
         log.warning("could not keep the partitioned texts in %s: %s", cache, e)
@@ -190,7 +210,8 @@ def partitioned_hlo(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[
     """(propagated, partitioned, num_partitions): the HLO text before and after XLA's SPMD
     partitioner for `fn` compiled with the example arguments (at the backend's cheapest: only the
     texts are kept). For a one-device program, where the partitioner does not run, both are ''."""
-    return partitioned_texts(lower(fn, *args, **kwargs), analysis=True)[:3]
+    got = partitioned_texts(lower(fn, *args, **kwargs), analysis=True)
+    return got.pre, got.post, got.parts
 
 
 def extract_report(fn: Callable[..., Any], *args: Any, mesh: Any = None, **kwargs: Any) -> ExtractReport:

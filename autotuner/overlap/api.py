@@ -71,7 +71,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from autotuner.errors import AutotunerError
-from autotuner.overlap.plan import Plan, PlanRow, numbered
+from autotuner.overlap.memory import DEFAULT_BOUND, check_bound
+from autotuner.overlap.plan import Memory, Plan, PlanRow, numbered
 from autotuner.strategy import parse_choice
 
 __all__ = ["Overlapped", "OverlapError", "Plan", "PlanRow", "overlap"]
@@ -132,12 +133,13 @@ class Overlapped:
     """What `overlap(fn, ...)` returns: call it like `jax.jit(fn, **jit_kwargs)`."""
 
     def __init__(self, fn: Callable[..., Any], strategy: Any = "auto", client: Any = None,
-                 **jit_kwargs: Any) -> None:
+                 memory: Any = DEFAULT_BOUND, **jit_kwargs: Any) -> None:
         if not callable(fn):
             raise OverlapError(f"overlap: fn must be callable, got {type(fn).__name__}")
         self.fn = fn
         try:
             self.mode, self.chosen = parse_choice(strategy)
+            self.memory = check_bound(memory)
         except ValueError as e:
             raise OverlapError(f"overlap: {e}") from None
         self.client = client
@@ -160,7 +162,7 @@ class Overlapped:
     def plan(self, *args: Any, **kwargs: Any) -> Plan:
         """One row per decomposable pair of the program at these arguments (see `PlanRow`)."""
         got = self._prepare(args, kwargs).plan
-        return Plan(got, got.notes)
+        return Plan(got, got.notes, got.memory)
 
     def lower(self, *args: Any, **kwargs: Any) -> Any:
         """The overlapped program lowered for these arguments (as `jax.jit(...).lower`)."""
@@ -196,10 +198,12 @@ class Overlapped:
         import jax
         from jax.sharding import AxisType
 
-        from autotuner.hlo.compile import lower, partitioned_texts
+        from autotuner.hlo.compile import lower, partitioned_texts, temp_bytes
         from autotuner.overlap.apply import Action, Interpreter
         from autotuner.overlap.choose import choose
         from autotuner.overlap.find import find_sites
+        from autotuner.overlap.memory import gathered_bytes, mib, over
+        from autotuner.overlap.memory import shed as memory_shed
 
         mesh = _mesh_of((args, kwargs), self.jit_kwargs)
         plain = jax.jit(self.fn, **self.jit_kwargs)
@@ -223,6 +227,7 @@ class Overlapped:
         seen: set[str] = set()
         traced: dict[str, Any] = {}
         compiled = None
+        plain_temp: int | None = None
         for n in range(rounds):
             interp = Interpreter(mesh, dict(actions), traced=traced)
             jitted = self._jit(interp)
@@ -231,8 +236,11 @@ class Overlapped:
                 if n and explicit:
                     compiled = lowered.compile()
                     break
-                pre, post, parts, compiled = partitioned_texts(lowered, analysis=n == 0)
-                found = find_sites(pre, post, parts, interp, mesh, seen)
+                part = partitioned_texts(lowered, analysis=n == 0)
+                compiled = part.compiled
+                if n == 0:
+                    plain_temp = part.temp_bytes
+                found = find_sites(part.pre, part.post, part.parts, interp, mesh, seen)
             except Exception as e:  # noqa: BLE001 - never worse than plain jit
                 if not actions:
                     note = f"the program could not be analysed, so it runs as plain jit: {e}"
@@ -266,8 +274,36 @@ class Overlapped:
                 note = f"the rewritten program did not trace ({type(e).__name__}); plain jit"
                 return _Prepared(plain, Plan(numbered([r.unapplied(note) if r.applied else r
                                                         for r in rows]), notes))
+        shed: dict[str, str] = {}
+        overlapped_temp = temp_bytes(compiled) if compiled is not None else None
+        rings_shed = 0
+        while over(plain_temp, overlapped_temp, self.memory):
+            assert self.memory is not None and plain_temp is not None and overlapped_temp is not None
+            excess = overlapped_temp - int(plain_temp * (1 + self.memory))
+            step = memory_shed(actions, rows, tags, excess, self.memory, rings_shed)
+            if not step:
+                break
+            rings_shed = len(step) if not any(a.keep for a in actions.values()) else rings_shed
+            shed.update(step)
+            interp = Interpreter(mesh, dict(actions), traced=traced)
+            jitted = self._jit(interp)
+            try:
+                compiled = lower(jitted, *args, **kwargs).compile()
+            except Exception as e:  # noqa: BLE001 - never worse than plain jit
+                note = f"the rewritten program could not be compiled ({type(e).__name__}); plain jit"
+                return _Prepared(plain, Plan(numbered([r.unapplied(note) if r.applied else r
+                                                       for r in rows]), notes))
+            overlapped_temp = temp_bytes(compiled)
+        owners = {r.name for t, r in zip(tags, rows, strict=True) if t in shed}
         out = []
         for tag, r in zip(tags, rows, strict=True):
+            if tag in shed and tag not in actions:
+                r = r.unapplied(shed[tag])
+            elif r.served_by and r.served_by in owners and tag not in interp.served:
+                r = replace(r, served_by="", note=r.note + "; its all-gather stays (the memory bound "
+                            "dropped the kept copy)")
+            elif tag in shed:
+                r = replace(r, note=(r.note + "; " if r.note else "") + shed[tag])
             if r.applied and tag not in interp.applied:
                 why = interp.failed.get(tag or "") or next(
                     (w for t, w in interp.failed.items() if tag and tag.startswith(t + "_")),
@@ -278,20 +314,26 @@ class Overlapped:
             elif r.applied and tag in actions and actions[tag].keep:
                 first = (actions[tag].tags or (tag,))[0]
                 n_kept = interp.kept.get(first, 0)
-                r = replace(r, note=r.note + (f" ({n_kept} later equation(s) take it)" if n_kept else
-                                              "; no later equation of its jaxpr takes it, so it is not passed on"))
+                held = gathered_bytes(actions[tag].problem)
+                span = interp.kept_span.get(first)
+                r = replace(r, kept_bytes=held if n_kept else 0, note=r.note + (
+                    f" ({n_kept} later equation(s) take it); it holds {mib(held)} per device over "
+                    f"equations {span[0]}-{span[1]} of its jaxpr's {span[2]}" if n_kept and span else
+                    "; no later equation of its jaxpr takes it, so it is not passed on"))
             out.append(r)
         static = self.jit_kwargs.get("static_argnums") is not None or self.jit_kwargs.get("static_argnames")
         run = compiled if compiled is not None and not static else jitted
-        return _Prepared(run, Plan(numbered(out), notes), jitted)
+        return _Prepared(run, Plan(numbered(out), notes, memory=Memory(plain_temp, overlapped_temp, self.memory)),
+                         jitted)
 
 
 def overlap(fn: Callable[..., Any] | None = None, *, strategy: Any = "auto", client: Any = None,
-            **jit_kwargs: Any) -> Any:
+            memory: Any = DEFAULT_BOUND, **jit_kwargs: Any) -> Any:
     """`jax.jit(fn, **jit_kwargs)` with its decomposable collective/einsum pairs, forward and
-    backward, run as the chosen decomposition (see the module docs). Usable as a decorator,
-    with or without arguments."""
+    backward, run as the chosen decomposition (see the module docs). `memory`: how much the
+    compiled step's temp memory may grow over plain jit's (a fraction, default 0.05; None: no
+    bound; see `overlap.memory`). Usable as a decorator, with or without arguments."""
     if fn is None:
-        return lambda f: Overlapped(f, strategy, client, **jit_kwargs)
-    return Overlapped(fn, strategy, client, **jit_kwargs)
+        return lambda f: Overlapped(f, strategy, client, memory, **jit_kwargs)
+    return Overlapped(fn, strategy, client, memory, **jit_kwargs)
 

@@ -135,6 +135,7 @@ class Interpreter:
     _pending: dict[str, Any] = field(default_factory=dict)   # group member tag -> its computed result
     _subst: dict[int, dict[int, Any]] = field(default_factory=dict)  # id(eqn) -> {operand: kept gather}
     kept: dict[str, int] = field(default_factory=dict)   # tag -> other users given the kept gather
+    kept_span: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # tag -> (from, to, of) equations
     served: set[str] = field(default_factory=set)         # equations that got a kept gather
     traced: dict[str, Any] = field(default_factory=dict)  # the program's jaxpr, shared by the rounds of one signature
 
@@ -350,6 +351,8 @@ class Interpreter:
                 for e, j in users:
                     self._subst.setdefault(id(e), {})[j] = gathered
                 self.kept[tags[0]] = len(users)
+                pos = {id(e): i for i, e in enumerate(jaxpr.eqns)}
+                self.kept_span[tags[0]] = (at, max(pos[id(e)] for e, _ in users), len(jaxpr.eqns))
             elif isinstance(act.problem, GroupedProblem):
                 outs = list(build(act.problem, act.strategy, self.mesh)(read(xs[0]), *map(read, ws)))
             else:
@@ -455,47 +458,33 @@ class Interpreter:
         return False
 
     def _rebuild(self, eqn: Any, p: tuple[int, ...]) -> dict[str, Any]:
+        """The equation's params with every sub-jaxpr that holds a dot traced again by this
+        interpreter (at path p + (param index, item index)); raises where it cannot be."""
         self._scope.append(eqn.source_info.name_stack)
         try:
-            return self._rebuild_params(eqn, p)
+            new = dict(eqn.params)
+            for k_i, k in enumerate(sorted(eqn.params)):
+                v = eqn.params[k]
+                items = list(v) if isinstance(v, tuple) else [v]
+                if any(isinstance(x, (jcore.ClosedJaxpr, jcore.Jaxpr)) for x in items):
+                    out = [self._sub(x, p + (k_i, j)) for j, x in enumerate(items)]
+                    new[k] = tuple(out) if isinstance(v, tuple) else out[0]
+            return new
         finally:
             self._scope.pop()
 
-    def _rebuild_params(self, eqn: Any, p: tuple[int, ...]) -> dict[str, Any]:
-        new = dict(eqn.params)
-        for k_i, k in enumerate(sorted(eqn.params)):
-            v = eqn.params[k]
-            many = isinstance(v, tuple)
-            items = list(v) if many else [v]
-            if not any(isinstance(x, (jcore.ClosedJaxpr, jcore.Jaxpr)) for x in items):
-                continue
-            out = []
-            for j, x in enumerate(items):
-                sub = p + (k_i, j)
-                if isinstance(x, jcore.ClosedJaxpr) and self._jaxpr_has_dot(x.jaxpr):
-                    out.append(self._closed(x, sub))
-                elif isinstance(x, jcore.Jaxpr) and self._jaxpr_has_dot(x):
-                    out.append(self._open(x, sub))
-                else:
-                    out.append(x)
-            new[k] = tuple(out) if many else out[0]
-        return new
-
-    def _trace(self, jaxpr: Any, consts: Sequence[Any], in_avals: Sequence[Any], p: tuple[int, ...]
-               ) -> tuple[Any, list[Any]]:
+    def _sub(self, x: Any, p: tuple[int, ...]) -> Any:
+        closed = isinstance(x, jcore.ClosedJaxpr)
+        jaxpr = x.jaxpr if closed else x
+        if not isinstance(jaxpr, jcore.Jaxpr) or not self._jaxpr_has_dot(jaxpr):
+            return x
+        consts, in_avals = (x.consts, x.in_avals) if closed else ((), [v.aval for v in jaxpr.invars])
         f = lu.wrap_init(lambda *a: self.eval(jaxpr, consts, a, p), debug_info=jaxpr.debug_info)
         new, out_avals, new_consts = pe.trace_to_jaxpr_dynamic(f, list(in_avals))
-        want = [v.aval for v in jaxpr.outvars]
-        if [(a.shape, a.dtype) for a in out_avals] != [(a.shape, a.dtype) for a in want]:
+        if [(a.shape, a.dtype) for a in out_avals] != [(v.aval.shape, v.aval.dtype) for v in jaxpr.outvars]:
             raise TypeError("the rebuilt jaxpr's outputs differ from the original's")
-        return new, new_consts
-
-    def _closed(self, cj: Any, p: tuple[int, ...]) -> Any:
-        new, consts = self._trace(cj.jaxpr, cj.consts, cj.in_avals, p)
-        return jcore.ClosedJaxpr(new, consts)
-
-    def _open(self, jaxpr: Any, p: tuple[int, ...]) -> Any:
-        new, consts = self._trace(jaxpr, (), [v.aval for v in jaxpr.invars], p)
-        if consts:
+        if closed:
+            return jcore.ClosedJaxpr(new, new_consts)
+        if new_consts:
             raise TypeError("the rebuilt body captures constants, which an open jaxpr cannot hold")
         return new

@@ -73,7 +73,7 @@ def run_forced(fn: Callable[..., Any], args: tuple[Any, ...], want: Any, occurre
                chooser: Callable[[Problem], Strategy], *, check_extract: bool) -> Any:
     """overlap(fn, strategy=chooser) equals plain jit, decomposes every mapped pair (as many as
     extraction counts on the plain program), and leaves no decomposable pair."""
-    ov = overlap(fn, strategy=chooser)
+    ov = overlap(fn, strategy=chooser, memory=None)
     plan = ov.plan(*args)
     applied = [r for r in plan if r.applied]
     mapped = [r for r in plan if r.problem is not None and r.source != "unmapped"]
@@ -119,6 +119,23 @@ def check_model(model: str, name: str, *, extract_each: bool) -> None:
         strategies |= {r.strategy.key for r in plan if r.applied}
     # two distinct strategies per pattern: rolled/unchunked, and chunked
     assert any("-c1-" in k for k in strategies) and any("-c4-" in k or "-c2-" in k for k in strategies)
+    if name == "train_step_sp":
+        check_memory(fn, args, want)
+
+
+def check_memory(fn: Callable[..., Any], args: tuple[Any, ...], want: Any) -> None:
+    """Under the default memory bound the plan reports both programs' temp bytes, as compiled, and
+    the overlapped step stays within +5% of plain jit's (shedding kept gathers or rings if not)."""
+    from autotuner.overlap.memory import DEFAULT_BOUND
+
+    ov = overlap(fn, strategy=first_ring)
+    plan = ov.plan(*args)
+    real = ov.lower(*args).compile().memory_analysis().temp_size_in_bytes
+    assert plan.memory.plain_bytes == fn.lower(*args).compile().memory_analysis().temp_size_in_bytes
+    assert plan.memory.overlapped_bytes == real
+    assert real <= plan.memory.plain_bytes * (1 + DEFAULT_BOUND), "\n" + str(plan)
+    assert any(r.applied for r in plan), "\n" + str(plan)
+    assert_close(ov(*args), want)
 
 
 @pytest.mark.parametrize("model", ["keras_hub_llama", "penzai_llama"])
@@ -154,7 +171,7 @@ def test_auto_applies_tuned_winners_of_grouped_and_single_problems(model: str, t
     path.write_text(json.dumps({"format": "autotuner-snapshot", "version": 1, "entries": entries}))
     DECISIONS.clear()
     try:
-        ov = overlap(fn, client=Client(offline=str(path), device=device))
+        ov = overlap(fn, memory=None, client=Client(offline=str(path), device=device))
         plan = ov.plan(*args)
         assert all(r.applied and r.source == "tuned" and r.speedup == 1.3 for r in plan), "\n" + str(plan)
         assert sum(r.count for r in plan if r.member is not None) == 5 * L   # q, k, v; gate, up

@@ -4,7 +4,9 @@ On 8 in-process CPU devices (tests/conftest.py): forward and training step (valu
 SGD update), meshes with Explicit and Auto axes, 1-D `model` and 2-D `data` x `model`, Python
 loop, scan over layers and remat. For forced strategies (a callable Problem -> Strategy walking
 through `space(problem)`), the overlapped function equals plain `jax.jit` within the dtype's
-tolerance, and extraction on the overlapped program finds no decomposable pair left.
+tolerance, and extraction on the overlapped program finds no decomposable pair left. These tests
+check what the decompositions do, so they turn the memory bound off (`memory=None`); the bound has
+its own tests (test_memory.py).
 """
 
 from __future__ import annotations
@@ -123,7 +125,7 @@ def check(fn: Any, args: tuple[Any, ...], strategy: Any, dtype: str = "float32",
           extract: bool = True) -> Plan:
     """overlap(fn) equals jax.jit(fn); every mapped pair applied; no pair left after the pass."""
     want = jax.jit(fn)(*args) if want is None else want
-    ov = overlap(fn, strategy=strategy)
+    ov = overlap(fn, memory=None, strategy=strategy)
     plan = ov.plan(*args)
     assert_close(ov(*args), want, dtype)
     mapped = [r for r in plan if r.problem is not None and r.source != "unmapped"]
@@ -216,11 +218,11 @@ def test_the_decomposed_collectives_leave_the_program(kind):
     forward, step, args = program(kind, (4,), layers=1)
     plain = collectives(jax.jit(forward), args)
     assert plain["all-gather"] == 2 and plain["collective-permute"] == 0
-    got = collectives(overlap(forward, strategy=Strategy("ring", "uni", 2, 1)), args)
+    got = collectives(overlap(forward, memory=None, strategy=Strategy("ring", "uni", 2, 1)), args)
     assert got["all-gather"] == got["all-reduce"] == got["reduce-scatter"] == 0
     assert got["collective-permute"] > 0
     if kind == "explicit":
-        got = collectives(overlap(step, strategy=Strategy("ring", "uni", 1, 1)), args)
+        got = collectives(overlap(step, memory=None, strategy=Strategy("ring", "uni", 1, 1)), args)
         assert got["all-gather"] == got["reduce-scatter"] == 0 and got["all-reduce"] <= 1
 
 
@@ -245,7 +247,7 @@ def test_plan_lists_the_pairs_and_baseline_is_plain_jit():
 def test_one_strategy_for_all_pairs_keeps_invalid_ones_baseline():
     forward, _, args = program("explicit", (4,), layers=1)
     s = Strategy("ring", "uni", 2, 1, "after", True)   # fuse='after' exists for all-gathers only
-    ov = overlap(forward, strategy=s.to_dict())
+    ov = overlap(forward, memory=None, strategy=s.to_dict())
     plan = ov.plan(*args)
     assert [r.applied for r in plan] == [True, False, True, False]
     assert all("only 'loop' applies" in r.note for r in plan if not r.applied)
@@ -271,7 +273,7 @@ def test_auto_applies_only_confident_tuned_winners(tmp_path):
                                         probs["bsd,dthk->bsthk"].key: (ring, 1.1, 0.9, 1.3)})
     DECISIONS.clear()
     try:
-        ov = overlap(forward, client=Client(offline=path, device=device))
+        ov = overlap(forward, memory=None, client=Client(offline=path, device=device))
         plan = {r.name: r for r in ov.plan(*args)}
         assert plan["bsd,df->bsf"].strategy == ring and plan["bsd,df->bsf"].source == "tuned"
         assert plan["bsd,df->bsf"].speedup == 1.3 and abs(plan["bsd,df->bsf"].saving - 0.3 / 1.3) < 1e-9
@@ -296,7 +298,7 @@ def test_auto_on_a_training_step_keeps_shared_gathers_for_their_other_users(tmp_
               for r in base if r.problem is not None and r.source != "unmapped"}
     DECISIONS.clear()
     try:
-        ov = overlap(step, client=Client(offline=_snapshot(tmp_path, device, winner), device=device))
+        ov = overlap(step, memory=None, client=Client(offline=_snapshot(tmp_path, device, winner), device=device))
         plan = ov.plan(*args)
         mapped = [r for r in plan if r.problem is not None and r.source != "unmapped"]
         # a weight gradient whose all-gather the forward dot shares is itself a Problem here (no
@@ -385,7 +387,7 @@ def test_pairs_it_cannot_map_stay_plain_with_a_reason():
 
     x = jax.device_put(jnp.ones((64, 32), jnp.bfloat16), NamedSharding(mesh, P("model", None)))
     w = jax.device_put(jnp.ones((32, 64), jnp.bfloat16), NamedSharding(mesh, P(None, "model")))
-    ov = overlap(f, strategy=Strategy("ring"))
+    ov = overlap(f, memory=None, strategy=Strategy("ring"))
     plan = ov.plan(x, w)
     assert len(plan) == 1 and not plan[0].applied and "preferred_element_type" in plan[0].note
     np.testing.assert_array_equal(np.asarray(ov(x, w)), np.asarray(jax.jit(f)(x, w)))
@@ -413,7 +415,7 @@ def test_static_arguments_and_keywords_pass_through():
             x = forward(params, x)
         return x * scale
 
-    ov = overlap(f, strategy=Strategy("ring", "uni", 1, 1), static_argnums=2)
+    ov = overlap(f, memory=None, strategy=Strategy("ring", "uni", 1, 1), static_argnums=2)
     got = ov(params, x, 2, scale=0.5)
     assert_close(got, jax.jit(f, static_argnums=2)(params, x, 2, scale=0.5), "float32")
     assert sum(r.applied for r in ov.plan(params, x, 2, scale=0.5)) == 8
@@ -432,7 +434,7 @@ def test_bad_arguments_are_one_line_errors():
 def test_decorator_form_and_the_call_reuses_the_analysis_compile():
     forward, _, args = program("explicit", (4,), layers=1)
     t0 = time.perf_counter()
-    ov = overlap(strategy=Strategy("ring"))(forward)
+    ov = overlap(strategy=Strategy("ring"), memory=None)(forward)
     ov.plan(*args)
     t1 = time.perf_counter()
     ov(*args)                         # the analysis compiled the program already

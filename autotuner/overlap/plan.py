@@ -1,0 +1,101 @@
+"""Plan: what the pass does to a program, one `PlanRow` per pair, and the `Plan` that lists them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from autotuner.problem import GroupedProblem, Problem
+from autotuner.strategy import Strategy
+
+
+@dataclass(frozen=True)
+class PlanRow:
+    """One decomposable pair of the program and what the pass does with it."""
+
+    name: str                 # the dot's name stack, e.g. transpose(jvp(bsd,df->bsf))
+    where: str                # user source of the einsum (file:line (function))
+    form: str                 # the collective as compiled: all-gather | reduce-scatter | all-reduce+dynamic-slice
+    problem: Problem | GroupedProblem | None   # a GroupedProblem for each dot of a shared gather
+    strategy: Strategy        # what runs (baseline: the plain jit equation)
+    source: str               # forced | callable | tuned | nearest | model | default | unmapped | ...
+    speedup: float | None     # predicted speedup of the pair (baseline time / its time), if known
+    count: int                # runs per call of the program
+    note: str = ""            # why baseline, or anything to know
+    member: int | None = None  # the dot's index in its GroupedProblem (None: a single problem)
+    served_by: str = ""       # the pair whose ring keeps this dot's gathered operand for it (its collective is gone)
+    kept_bytes: int = 0       # bytes per device this pair's ring keeps alive for its gather's other users
+
+    @property
+    def key(self) -> str | None:
+        return self.problem.key if self.problem is not None else None
+
+    @property
+    def applied(self) -> bool:
+        return not self.strategy.is_baseline
+
+    @property
+    def saving(self) -> float | None:
+        """Predicted fraction of the pair's time saved (1 - 1/speedup), if known."""
+        return None if not self.speedup else 1.0 - 1.0 / self.speedup
+
+    def unapplied(self, why: str) -> PlanRow:
+        """This pair left as plain jit, and why."""
+        return replace(self, strategy=Strategy.baseline(), note=why)
+
+
+@dataclass(frozen=True)
+class Memory:
+    """Temp (scratch) bytes per device of the compiled step, plain jit and overlapped (None where
+    not compiled or not known), and the bound the pass kept to (a growth fraction; None: none)."""
+
+    plain_bytes: int | None = None
+    overlapped_bytes: int | None = None
+    bound: float | None = None
+
+    @property
+    def growth(self) -> float | None:
+        from autotuner.overlap.memory import growth
+
+        return growth(self.plain_bytes, self.overlapped_bytes)
+
+    def __str__(self) -> str:
+        from autotuner.overlap.memory import mib
+
+        g = self.growth
+        bound = "no bound" if self.bound is None else f"bound +{100 * self.bound:g}%"
+        return (f"temp memory per device: plain {mib(self.plain_bytes)}, overlapped {mib(self.overlapped_bytes)}"
+                + (f" ({100 * g:+.1f}%; {bound})" if g is not None else f" ({bound})"))
+
+
+class Plan(list[PlanRow]):
+    """The rows of `Overlapped.plan`; `notes`: what concerns the whole program; `memory`: the
+    compiled step's temp bytes, plain and overlapped; `str()`: a table."""
+
+    def __init__(self, rows: Any = (), notes: Any = (), memory: Memory | None = None) -> None:
+        super().__init__(rows)
+        self.notes: list[str] = list(notes)
+        self.memory = memory or Memory()
+
+    def __str__(self) -> str:
+        head = ("pair", "problem", "collective", "strategy", "source", "speedup", "x", "note")
+        rows = [head]
+        for r in self:
+            rows.append((r.name, (r.key or "-")[:12], r.form, r.strategy.key, r.source,
+                         f"{r.speedup:.2f}" if r.speedup else "-", str(r.count), r.note))
+        widths = [max(len(row[i]) for row in rows) for i in range(len(head) - 1)]
+        lines = ["  ".join(c.ljust(w) for c, w in zip(row[:-1], widths, strict=True)) + "  " + row[-1]
+                 for row in rows]
+        n = sum(r.applied for r in self)
+        return "\n".join(lines + [f"{n} of {len(self)} pairs decomposed", str(self.memory)]
+                         + [f"note: {t}" for t in self.notes])
+
+
+def numbered(rows: list[PlanRow]) -> list[PlanRow]:
+    """Rows whose names repeat (layers of a Python loop) get #2, #3, ... in program order."""
+    seen: dict[str, int] = {}
+    out = []
+    for r in rows:
+        seen[r.name] = seen.get(r.name, 0) + 1
+        out.append(r if seen[r.name] == 1 else replace(r, name=f"{r.name} #{seen[r.name]}"))
+    return out
