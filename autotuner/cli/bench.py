@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import typer
 
 from autotuner.cli.common import app, err, fail, fmt
-from autotuner.cli.plan import print_plan, strategy_arg
+from autotuner.cli.plan import MEMORY_HELP, memory_arg, print_plan, strategy_arg
 from autotuner.cli.program import FACTORY_HELP, parse_kwargs, parse_mesh
 from autotuner.cli.winners import SOURCE_HELP, make_client
 
@@ -85,6 +85,7 @@ def bench_cmd(
     device: Annotated[str | None, typer.Option("--device", help="whose winners (default: the target's)")] = None,
     strategy: Annotated[str, typer.Option("--strategy", help="auto, baseline, or one strategy "
                                           "(key or JSON) for every pair")] = "auto",
+    memory: Annotated[str, typer.Option("--memory", help=MEMORY_HELP)] = "0.05",
     reps: Annotated[int, typer.Option(min=5, help="timed steps of each program")] = 20,
     warmup: Annotated[int, typer.Option(min=1, help="untimed steps of each program first")] = 2,
     pairs: Annotated[bool, typer.Option("--pairs/--no-pairs", help="time each decomposed pair alone")] = True,
@@ -96,6 +97,7 @@ def bench_cmd(
     from autotuner.measure.targets import Target, TargetError
 
     chosen = strategy_arg(strategy)
+    bound = memory_arg(memory)
     try:
         tgt = Target.parse(on)
     except TargetError as e:
@@ -109,12 +111,12 @@ def bench_cmd(
             res, plan, notes, error, dev = bench_on_lab(
                 tgt, target, fkw, shape, explicit, chosen, dict(db=db, service=service, snapshot=snapshot,
                                                                  device=device), tmp,
-                reps=reps, warmup=warmup, pairs=pairs, pair_reps=pair_reps)
+                reps=reps, warmup=warmup, pairs=pairs, pair_reps=pair_reps, memory=bound)
         else:
             res, plan, notes, error, dev = _bench_here(
                 tgt, target, fkw, shape, explicit, chosen, dict(db=db, service=service, snapshot=snapshot,
                                                                  device=device), tmp,
-                reps=reps, warmup=warmup, pairs=pairs, pair_reps=pair_reps)
+                reps=reps, warmup=warmup, pairs=pairs, pair_reps=pair_reps, memory=bound)
     stored: dict[str, Any] = {}
     if db and store:
         from autotuner.cli.bench_store import bench_values, store_bench
@@ -135,8 +137,8 @@ def bench_cmd(
 
 def _bench_here(tgt: Any, target: str, fkw: dict[str, Any], shape: dict[str, int] | None, explicit: bool,
                 chosen: Any, sources: dict[str, Any], tmp: str, *, reps: int, warmup: int, pairs: bool,
-                pair_reps: int) -> tuple[Any, list[dict[str, Any]], list[str], float, Any]:
-    from autotuner.cli.model import Bench, ModelError, load_factory, plan_rows
+                pair_reps: int, memory: float | None) -> tuple[Any, list[dict[str, Any]], list[str], float, Any]:
+    from autotuner.cli.model import Bench, ModelError, load_factory, plan_notes, plan_rows
     from autotuner.cli.plan import mesh_size
     from autotuner.measure.steps import compare, pair_breakdown, time_steps
     from autotuner.measure.targets import TargetError, TargetSession
@@ -154,7 +156,7 @@ def _bench_here(tgt: Any, target: str, fkw: dict[str, Any], shape: dict[str, int
             fail(str(e))
         winners = make_client(**sources, n=mesh_size(prog), tmpdir=tmp, prefer=session.device.key)
         err.print(f"benchmarking {target} on {tgt.text}; {winners.where}", highlight=False)
-        bench = Bench(prog, chosen, winners.client)
+        bench = Bench(prog, chosen, winners.client, memory)
         rows = plan_rows(bench.plan)
         error = bench.error()
         dtypes = {problem_from_dict(r["problem"]).dtype for r in rows if r["problem"]} or {"float32"}
@@ -168,4 +170,4 @@ def _bench_here(tgt: Any, target: str, fkw: dict[str, Any], shape: dict[str, int
         if pairs:
             res.pairs = pair_breakdown(bench.plan, session.runner, reps=pair_reps,
                                        log=lambda m: err.print(m, highlight=False))
-    return res, rows, list(bench.plan.notes), error, session.device
+    return res, rows, plan_notes(bench.plan), error, session.device

@@ -15,7 +15,7 @@ LOAD_TIMEOUT_S = 1800.0
 
 def bench_on_lab(tgt: Any, target: str, fkw: dict[str, Any], shape: dict[str, int] | None, explicit: bool,
                  chosen: Any, sources: dict[str, Any], tmp: str, *, reps: int, warmup: int, pairs: bool,
-                 pair_reps: int) -> tuple[Any, list[dict[str, Any]], list[str], float, Any]:
+                 pair_reps: int, memory: float | None) -> tuple[Any, list[dict[str, Any]], list[str], float, Any]:
     from autotuner.cli.model import HANDLER
     from autotuner.lab import Lab, LabSpec, LabWorkerError
     from autotuner.measure.lab import LabRunner
@@ -37,7 +37,7 @@ def bench_on_lab(tgt: Any, target: str, fkw: dict[str, Any], shape: dict[str, in
         say(f"benchmarking {target} on {tgt.text} ({dev.label}); {winners.where}")
         got = lab.call({"op": "step_load", "target": target, "kwargs": fkw, "mesh": shape, "explicit": explicit,
                         "strategy": chosen if isinstance(chosen, str) else chosen.to_dict(),
-                        "snapshot": winners.snapshot,
+                        "memory": memory, "snapshot": winners.snapshot,
                         "device": winners.device.to_dict() if winners.device is not None else None},
                        LOAD_TIMEOUT_S)
         if "error" in got:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from autotuner.errors import AutotunerError
+from autotuner.overlap.memory import DEFAULT_BOUND
 
 HANDLER = "autotuner.cli.model:handle"
 
@@ -127,14 +128,20 @@ def plan_rows(plan: Any) -> list[dict[str, Any]]:
     return [{"name": r.name, "key": r.key, "form": r.form, "strategy": r.strategy.key,
              "strategy_dict": r.strategy.to_dict(), "problem": r.problem.to_dict() if r.problem else None,
              "applied": r.applied, "source": r.source, "speedup": r.speedup, "saving": r.saving,
-             "count": r.count, "member": r.member, "served_by": r.served_by, "where": r.where,
-             "note": r.note} for r in plan]
+             "count": r.count, "member": r.member, "served_by": r.served_by, "kept_bytes": r.kept_bytes,
+             "where": r.where, "note": r.note} for r in plan]
+
+
+def plan_notes(plan: Any) -> list[str]:
+    """What concerns the whole program: the compiled step's temp memory, plain vs overlapped (and
+    the bound the pass kept to), then the plan's notes."""
+    return [str(plan.memory), *plan.notes]
 
 
 class Bench:
     """Plain and overlapped programs of one factory, ready to time (see `measure.steps`)."""
 
-    def __init__(self, prog: Program, strategy: Any, client: Any) -> None:
+    def __init__(self, prog: Program, strategy: Any, client: Any, memory: float | None) -> None:
         import jax
 
         from autotuner.overlap import overlap
@@ -142,7 +149,7 @@ class Bench:
         self.prog = prog
         fn = prog.fn if hasattr(prog.fn, "lower") else jax.jit(prog.fn)
         self.plain = fn
-        self.overlapped = overlap(prog.fn, strategy=strategy, client=client)
+        self.overlapped = overlap(prog.fn, strategy=strategy, client=client, memory=memory)
         self.plan = self.overlapped.plan(*prog.args, **prog.kwargs)
 
     def thunks(self) -> list[Any]:
@@ -191,9 +198,9 @@ def _step_load(request: dict[str, Any], ctx: Any) -> dict[str, Any]:
     client = None
     if request.get("snapshot") and request.get("device"):
         client = Client(offline=request["snapshot"], device=Device.from_dict(request["device"]))
-    bench = Bench(prog, strategy, client)
+    bench = Bench(prog, strategy, client, request.get("memory", DEFAULT_BOUND))
     ctx.state["bench"] = bench
     err = bench.error()
     errs = ctx.gather_json(err)
-    return {"plan": plan_rows(bench.plan), "notes": list(bench.plan.notes),
+    return {"plan": plan_rows(bench.plan), "notes": plan_notes(bench.plan),
             "rel_error": max(errs) if errs else err}

@@ -44,6 +44,23 @@ def print_plan(plan: list[dict[str, Any]], notes: list[str], out: Any = None) ->
     out.flush()
 
 
+MEMORY_HELP = ("how much the step's temp memory may grow over plain jit's: a fraction (default 0.05, "
+               "+5%) or 'none'; past it the pass sheds kept gathers, then rings")
+
+
+def memory_arg(text: str) -> float | None:
+    """--memory: a growth fraction >= 0, or none."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        fail(f"--memory {text!r}: expected a growth fraction >= 0 (0.05 for +5%) or 'none'")
+    return value
+
+
 def strategy_arg(text: str) -> Any:
     """auto | baseline | a strategy key (ring-uni-c2-u1-loop-send) | a JSON object."""
     from autotuner.strategy import Strategy, StrategyError
@@ -86,34 +103,37 @@ def plan_cmd(
                                                "or label, e.g. cpu:cpux4/lab-shared-2gbit")] = None,
     strategy: Annotated[str, typer.Option("--strategy", help="auto, baseline, or one strategy "
                                           "(key or JSON) for every pair")] = "auto",
+    memory: Annotated[str, typer.Option("--memory", help=MEMORY_HELP)] = "0.05",
     json_out: Annotated[bool, typer.Option("--json", help="one JSON object per pair on stdout")] = False,
 ) -> None:
     chosen = strategy_arg(strategy)
+    bound = memory_arg(memory)
     prog = load_program(target, mesh=mesh, kwargs=kwargs, explicit=explicit, devices=devices)
     import jax
 
-    from autotuner.cli.model import plan_rows
+    from autotuner.cli.model import plan_notes, plan_rows
     from autotuner.overlap import overlap
 
     with tempfile.TemporaryDirectory(prefix="autotuner-plan-") as tmp:
         winners = make_client(db=db, service=service, snapshot=snapshot, device=device,
                               n=mesh_size(prog), tmpdir=tmp)
         err.print(f"planning {target}; {winners.where}", highlight=False)
-        ov = overlap(prog.fn, strategy=chosen, client=winners.client)
+        ov = overlap(prog.fn, strategy=chosen, client=winners.client, memory=bound)
         if prog.mesh is not None:
             with jax.set_mesh(prog.mesh):
                 plan = ov.plan(*prog.args, **prog.kwargs)
         else:
             plan = ov.plan(*prog.args, **prog.kwargs)
-    rows = plan_rows(plan)
+    rows, notes = plan_rows(plan), plan_notes(plan)
     if json_out:
         for row in rows:
             row.pop("strategy_dict")
             row.pop("problem")
             sys.stdout.write(json.dumps(row) + "\n")
         sys.stdout.flush()
+        err.print(notes[0], highlight=False)
     else:
-        print_plan(rows, plan.notes)
+        print_plan(rows, notes)
     if not plan:
         err.print("no collective/einsum pair in this program: overlap(fn) is plain jax.jit", highlight=False)
 

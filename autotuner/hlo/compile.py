@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import gzip
 import hashlib
@@ -10,7 +11,7 @@ import logging
 import os
 import re
 import tempfile
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from autotuner.hlo.pairs import ExtractReport
@@ -128,7 +129,6 @@ def partitioned_texts(lowered: Any, *, analysis: bool = False) -> Partitioned:
     JAX's persistent compilation cache configured the texts are kept beside it, so the same
     program analysed again (a restarted job) is not compiled for them."""
     import jax
-    from jax._src import config
 
     cheap = dict(ANALYSIS_OPTIONS.get(jax.devices()[0].platform, {}))
     cache = _texts_cache()
@@ -139,8 +139,7 @@ def partitioned_texts(lowered: Any, *, analysis: bool = False) -> Partitioned:
         # executable is compiled (below) exactly as a later run will look it up in JAX's cache.
         # The dump needs XLA to compile, not the persistent cache to answer.
         dump_only = analysis or cache is not None
-        with tempfile.TemporaryDirectory(prefix="autotuner-extract-") as d, \
-                config.enable_compilation_cache(False):
+        with tempfile.TemporaryDirectory(prefix="autotuner-extract-") as d, _no_persistent_cache():
             compiled = _compile(lowered, {**(cheap if dump_only else {}), **_DUMP, "xla_dump_to": d})
             texts = (*_read_dump(d), temp_bytes(compiled))
         if cache:
@@ -148,6 +147,21 @@ def partitioned_texts(lowered: Any, *, analysis: bool = False) -> Partitioned:
         if not dump_only:
             return Partitioned(*texts, compiled)
     return Partitioned(*texts, None if analysis else _compile(lowered, {}))
+
+
+@contextlib.contextmanager
+def _no_persistent_cache() -> Iterator[None]:
+    """JAX's persistent compilation cache off for one compile (a hit would compile nothing, and so
+    dump nothing). JAX remembers once per process whether the cache is used, so that memo is reset
+    on the way in and out (`compilation_cache.reset_cache`; checked with jax 0.10.2)."""
+    from jax._src import compilation_cache, config
+
+    compilation_cache.reset_cache()
+    try:
+        with config.enable_compilation_cache(False):
+            yield
+    finally:
+        compilation_cache.reset_cache()
 
 
 def _load(cache: str, key: str) -> tuple[str, str, int, int | None] | None:
@@ -188,6 +202,8 @@ def _read_dump(d: str) -> tuple[str, str, int]:
     if both:  # one module per compile; if XLA dumped several, the last compiled is ours
         before = [f for f in before if module(f) == both[-1]]
         after = [f for f in after if module(f) == both[-1]]
+    if not files:
+        raise ExtractError("XLA dumped nothing: the program was not compiled (did a compilation cache answer?)")
     if not before or not after:
         head = next((f for f in files if f.endswith("before_optimizations.txt")), None)
         parts = 1

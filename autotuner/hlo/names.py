@@ -22,23 +22,24 @@ def _component(c: str) -> str:
         c = m.group(1)
 
 
-def op_path(op_name: str) -> tuple[bool, list[str]]:
-    """(backward, the name stack's scopes) of a dot's op_name: the jit wrapper, transformation
-    wrappers, einsum equations and the primitive itself left out; backward when the dot comes from
-    a transpose (the gradient of a forward op)."""
+def op_path(op_name: str) -> tuple[bool, list[str], list[str]]:
+    """(backward, the name stack's scopes, its einsum equations) of a dot's op_name: the jit
+    wrapper, transformation wrappers and the primitive itself left out; backward when the dot
+    comes from a transpose (the gradient of a forward op)."""
     parts = [p for p in _top_level(op_name) if p]
     backward = "transpose(" in op_name
-    if parts and re.match(r"^p?jit\(", parts[0]):
+    while parts and re.match(r"^p?jit\(", parts[0]):   # the program's own jit (and the pass's around it)
         parts = parts[1:]
-    out = []
+    out, eqs = [], []
     for p in parts:
         # a transformation wraps a whole scope, which may hold slashes: jvp(attention/qkv)
         for c in _component(p).split("/"):
             c = _component(c)
-            if not c or c in _PRIMITIVES or ("->" in c and "," in c):
-                continue
-            out.append(c)
-    return backward, out
+            if "->" in c and "," in c:
+                eqs.append(c)
+            elif c and c not in _PRIMITIVES:
+                out.append(c)
+    return backward, out, eqs
 
 
 def _top_level(op_name: str) -> list[str]:
@@ -57,12 +58,16 @@ _INDEX = re.compile(r"^(?:\d+|.*_\d+)$")  # a repeated block's scope: `transform
 
 
 def short_name(op_name: str, depth: int = 2) -> str:
-    """The last `depth` scopes of the dot's name stack that are not a repeated block's index (so
-    every layer's `mlp/up_proj` has one name), `grad/` first for a backward dot; the last `depth`
-    scopes when all are indices (a model without named scopes), `dot` when there are none."""
-    backward, path = op_path(op_name)
+    """The one readable name of a pair, wherever it is shown (extract, plan, bench-model, the
+    dashboard): the last `depth` scopes of the dot's name stack that are not a repeated block's
+    index (so every layer's `mlp/up_proj` has one name), `grad/` first for a backward dot; with no
+    named scope, the einsum's equation (`bsd,df->bsf`), else the last `depth` index scopes (a
+    model that names its layers by position), else `dot`. Scopes the compiler pass adds
+    (`__overlap...__`) are not part of it."""
+    backward, path, eqs = op_path(op_name)
+    path = [c for c in path if not c.startswith("__overlap")]
     named = [c for c in path if not _INDEX.match(c)]
-    name = "/".join((named or path)[-depth:]) or "dot"
+    name = "/".join(named[-depth:]) if named else eqs[-1] if eqs else "/".join(path[-depth:]) or "dot"
     return f"grad/{name}" if backward else name
 
 

@@ -32,9 +32,7 @@ with jax 0.10.2.
 
 from __future__ import annotations
 
-import functools
 import logging
-import operator
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -112,7 +110,6 @@ class DotInfo:
     out_shape: tuple[int, ...]
     dtypes: tuple[str, str, str]                       # lhs, rhs, out
     dims: tuple[tuple[tuple[int, ...], tuple[int, ...]], tuple[tuple[int, ...], tuple[int, ...]]]
-    name: str                                          # the equation's name stack
     where: str                                         # user source file:line (function)
     lhs_chain: list[Spec | None] = field(default_factory=list)   # layouts along the look-through
     rhs_chain: list[Spec | None] = field(default_factory=list)
@@ -131,7 +128,6 @@ class Interpreter:
     applied: set[str] = field(default_factory=set)
     failed: dict[str, str] = field(default_factory=dict)   # tag or eqn path -> why not applied
     _has_dot: dict[int, bool] = field(default_factory=dict)
-    _scope: list[Any] = field(default_factory=list)   # name stacks of the enclosing equations
     _pending: dict[str, Any] = field(default_factory=dict)   # group member tag -> its computed result
     _subst: dict[int, dict[int, Any]] = field(default_factory=dict)  # id(eqn) -> {operand: kept gather}
     kept: dict[str, int] = field(default_factory=dict)   # tag -> other users given the kept gather
@@ -268,7 +264,6 @@ class Interpreter:
             tag, tuple(lhs.aval.shape), tuple(rhs.aval.shape), tuple(o.aval.shape),
             (lhs.aval.dtype.name, rhs.aval.dtype.name, o.aval.dtype.name),
             ((tuple(lc), tuple(rc)), (tuple(lb), tuple(rb))),
-            str(functools.reduce(operator.add, self._scope, siu.NameStack()) + eqn.source_info.name_stack),
             siu.summarize(eqn.source_info),
             [spec_of(v.aval) for v in self._chain(lhs, producer)],
             [spec_of(v.aval) for v in self._chain(rhs, producer)],
@@ -460,18 +455,14 @@ class Interpreter:
     def _rebuild(self, eqn: Any, p: tuple[int, ...]) -> dict[str, Any]:
         """The equation's params with every sub-jaxpr that holds a dot traced again by this
         interpreter (at path p + (param index, item index)); raises where it cannot be."""
-        self._scope.append(eqn.source_info.name_stack)
-        try:
-            new = dict(eqn.params)
-            for k_i, k in enumerate(sorted(eqn.params)):
-                v = eqn.params[k]
-                items = list(v) if isinstance(v, tuple) else [v]
-                if any(isinstance(x, (jcore.ClosedJaxpr, jcore.Jaxpr)) for x in items):
-                    out = [self._sub(x, p + (k_i, j)) for j, x in enumerate(items)]
-                    new[k] = tuple(out) if isinstance(v, tuple) else out[0]
-            return new
-        finally:
-            self._scope.pop()
+        new = dict(eqn.params)
+        for k_i, k in enumerate(sorted(eqn.params)):
+            v = eqn.params[k]
+            items = list(v) if isinstance(v, tuple) else [v]
+            if any(isinstance(x, (jcore.ClosedJaxpr, jcore.Jaxpr)) for x in items):
+                out = [self._sub(x, p + (k_i, j)) for j, x in enumerate(items)]
+                new[k] = tuple(out) if isinstance(v, tuple) else out[0]
+        return new
 
     def _sub(self, x: Any, p: tuple[int, ...]) -> Any:
         closed = isinstance(x, jcore.ClosedJaxpr)

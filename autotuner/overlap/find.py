@@ -15,6 +15,7 @@ from typing import Any
 
 from autotuner.hlo.evaluate import manual_computations, multiplicity
 from autotuner.hlo.grouped import group_units
+from autotuner.hlo.names import short_name
 from autotuner.hlo.pairs import Pair, find_pairs
 from autotuner.hlo.problems import dot_index, match_dot
 from autotuner.hlo.shardings import MeshInfo
@@ -90,15 +91,6 @@ def _tag(op_name: str) -> str | None:
     return rest[:j] if j > 0 else None
 
 
-def _readable(op_name: str) -> str:
-    parts = [p for p in op_name.split("/") if not p.startswith(TAG_PREFIX)]
-    if parts and parts[0].startswith("jit("):
-        parts = parts[1:]
-    if parts and parts[-1] == "dot_general":
-        parts = parts[:-1]
-    return "/".join(parts) or op_name
-
-
 def mismatch(info: DotInfo, p: Problem) -> str | None:
     """Why the traced dot is not the Problem's einsum (None when it is, operand for operand)."""
     if info.dtypes != (p.dtype,) * 3:
@@ -165,7 +157,7 @@ def find_sites(pre_text: str, post_text: str, parts: int, tagger: Interpreter, m
         seen.add(ident)
         this_round.add(ident)
         dot = tagger.infos.get(tag) if tag else None
-        name = dot.name if dot and dot.name else _readable(op)
+        name = short_name(op)
         where = dot.where if dot else ""
         if why is None and dot is None:
             why = "no traced dot_general carries this dot's name (it was not rebuilt by the pass)"

@@ -97,11 +97,23 @@ def run_forced(fn: Callable[..., Any], args: tuple[Any, ...], want: Any, occurre
     return plan
 
 
+def check_one_name(plan: Any, report: Any) -> None:
+    """A pair has one name: the plan names each pair as extraction names its problem's dots (a
+    problem's name joins its dots' names with '+'; '#k' tells repeats apart)."""
+    names = {p.key: re.sub(r"#\d+$", "", n) for (p, _), n in zip(report.problems, report.names, strict=True)}
+    mapped = [r for r in plan if r.key in names]
+    assert mapped, "\n" + str(plan)
+    for r in mapped:
+        if not names[r.key].endswith(" more"):
+            assert r.name.split(" #")[0] in names[r.key].split("+"), (r.name, names[r.key])
+
+
 def check_model(model: str, name: str, *, extract_each: bool) -> None:
     fn, args = factory(model, name)
     want = fn(*args)
     # a grouped gather (Q/K/V, gate/up) is one problem of k dots; the plan has a row per dot
-    found = extract(fn, *args)
+    report = extract_report(fn, *args)
+    found = report.problems
     occurrences = sum(c * len(getattr(p, "members", (p,))) for p, c in found)
     assert occurrences == (7 * L if name == "forward_sp" else 14 * L)
     assert sum(c for _, c in found) == (4 * L if name == "forward_sp" else 11 * L)
@@ -109,6 +121,7 @@ def check_model(model: str, name: str, *, extract_each: bool) -> None:
     base = overlap(fn, strategy="baseline")
     plan = base.plan(*args)
     assert plan and not any(r.applied for r in plan)
+    check_one_name(plan, report)
     assert {r.source for r in plan if r.problem is not None} <= {"forced", "unmapped"}
     for a, b in zip(jax.tree.leaves(base(*args)), jax.tree.leaves(want), strict=True):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -20,6 +20,10 @@ from autotuner.hlo.names import problem_names, short_name
     # penzai names its sublayers by position only: the last two indices
     ("jit(step)/jvp(1)/0/1/1/0/vmap(vmap(vmap()))/dot_general", "1/0"),
     ("jit(f)/dot_general", "dot"),
+    ("jit(run)/jit(forward)/bsd,df->bsf/dot_general", "bsd,df->bsf"),
+    # no named scope: the einsum itself; the pass's own scope is not part of the name
+    ("jit(step)/jvp(bsd,df->bsf)/dot_general", "bsd,df->bsf"),
+    ("jit(step)/transpose(jvp(bsd,df->bsf))/__overlap3_1_0__/dot_general", "grad/bsd,df->bsf"),
 ])
 def test_short_name(op_name: str, name: str) -> None:
     assert short_name(op_name) == name

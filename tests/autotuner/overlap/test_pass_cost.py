@@ -100,4 +100,7 @@ def test_a_restarted_job_reads_its_analysis_from_the_persistent_cache(
         assert dumps == [], "the restarted job compiled again for its analysis"
         assert [(r.key, r.strategy) for r in second] == [(r.key, r.strategy) for r in first]
     finally:
+        from jax._src import compilation_cache
+
         jax.config.update("jax_compilation_cache_dir", None)
+        compilation_cache.reset_cache()   # JAX remembers the cache per process: back to none
