@@ -89,7 +89,7 @@ def create_app(settings: Settings | None = None, *, database: Database | None = 
     from service import dashboard  # the HTML pages at / (not in the OpenAPI schema)
 
     state = ServiceState(settings=settings, database=db, lookups=lookups, metrics=metrics,
-                         parse_memo=parse_memo, assets=dashboard.Assets())
+                         parse_memo=parse_memo, assets=dashboard.Assets(), watcher=watcher)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:

@@ -1,7 +1,8 @@
 """Request dependencies as named ``Annotated`` aliases.
 
 - ``StateDep``: the app's :class:`ServiceState` (settings, database, lookup engine, metrics,
-  the memo of parsed request objects, the dashboard's static files).
+  the memo of parsed request objects, the dashboard's static files, the watcher of changed
+  winners).
 - ``SessionDep``: a transactional session (commits when the route function returns, before the
   response is sent, so a failed commit is the response); ``ReadSessionDep``: the same for pure
   readers (SQLite: deferred BEGIN, runs beside a writer).
@@ -21,6 +22,7 @@ from sqlalchemy.orm import Session
 from autotuner.settings import Settings
 from db import Database
 from service import auth
+from service.coherence import ChangeWatcher
 from service.fields import ParseMemo
 from service.lookups import LookupEngine
 from service.metrics import Metrics
@@ -37,6 +39,7 @@ class ServiceState:
     metrics: Metrics
     parse_memo: ParseMemo
     assets: Assets
+    watcher: ChangeWatcher | None = None
 
 
 async def get_state(request: Request) -> ServiceState:

@@ -1,5 +1,6 @@
-"""For tests and benchmarks: example request bodies, and a real uvicorn server in a subprocess
-(127.0.0.1 only)."""
+"""For tests and benchmarks: example request bodies, a real uvicorn server in a subprocess
+(127.0.0.1 only), and :func:`coherence_probe_app`, the service with its polls of changed
+winners driven by the caller."""
 
 from __future__ import annotations
 
@@ -65,13 +66,16 @@ def free_port() -> int:
 
 def start_server(db_url: str, *, port: int | None = None, workers: int = 1,
                  env: dict[str, str] | None = None, timeout: float = 60.0,
-                 quiet: bool = True) -> tuple[subprocess.Popen[bytes], str]:
-    """Start ``uvicorn service.app:app`` on 127.0.0.1 against ``db_url``; wait until
-    ``/healthz`` answers 200. Returns the process and the base URL."""
+                 quiet: bool = True, app: str = "service.app:app",
+                 factory: bool = False) -> tuple[subprocess.Popen[bytes], str]:
+    """Start ``uvicorn service.app:app`` (or another ``app``; ``factory``: a function that
+    returns the app) on 127.0.0.1 against ``db_url``; wait until ``/healthz`` answers 200.
+    Returns the process and the base URL."""
     port = port or free_port()
     full_env = {**os.environ, "AUTOTUNER_DB_URL": db_url, "JAX_PLATFORMS": "cpu", **(env or {})}
-    cmd = [sys.executable, "-m", "uvicorn", "service.app:app", "--host", HOST, "--port", str(port),
-           "--workers", str(workers), "--no-access-log", "--log-level", "warning"]
+    cmd = [sys.executable, "-m", "uvicorn", app, "--host", HOST, "--port", str(port),
+           "--workers", str(workers), "--no-access-log", "--log-level", "warning",
+           *(["--factory"] if factory else [])]
     out = subprocess.DEVNULL if quiet else None
     proc = subprocess.Popen(cmd, env=full_env, cwd=ROOT, start_new_session=True, stdout=out, stderr=out)
     url = f"http://{HOST}:{port}"
@@ -115,3 +119,36 @@ def live_server(db_url: str, **kwargs: object) -> Iterator[str]:
         yield url
     finally:
         stop_server(proc)
+
+
+def coherence_probe_app() -> Any:
+    """The service (configured from the environment) whose watcher of changed winners
+    (:mod:`service.coherence`) polls once at startup and then only when asked, plus two
+    routes that show and drive it in the worker that serves the request:
+
+    - ``GET /_test/coherence``: ``{"pid", "polls", "generation"}``;
+    - ``POST /_test/coherence/poll``: one poll now; the same, plus ``"changes"`` (what
+      :meth:`ChangeWatcher.poll` returned).
+
+    ``start_server(url, app="service.testing:coherence_probe_app", factory=True)``; so a test
+    counts the polls each uvicorn worker needs before it serves a new winner, instead of
+    timing it (tests/service/test_coherence.py). Never for production."""
+    from service.app import create_app
+
+    app = create_app()
+    watcher = app.state.autotuner.watcher
+    watcher.start = watcher.poll  # the first poll (as start() does), and no background thread
+
+    def info() -> dict[str, Any]:
+        return {"pid": str(os.getpid()), "polls": watcher.polls, "generation": watcher.generation}
+
+    def show() -> dict[str, Any]:
+        return info()
+
+    def poll() -> dict[str, Any]:
+        changes = watcher.poll()
+        return {**info(), "changes": changes}
+
+    app.add_api_route("/_test/coherence", show, methods=["GET"], include_in_schema=False)
+    app.add_api_route("/_test/coherence/poll", poll, methods=["POST"], include_in_schema=False)
+    return app

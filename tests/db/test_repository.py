@@ -8,14 +8,13 @@ import math
 import multiprocessing
 import queue
 import random
-import time
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from sqlalchemy import JSON, Double, Integer, func, insert, literal, select
+from sqlalchemy import JSON, Double, Integer, event, func, insert, literal, select
 
 from autotuner.settings import Settings, normalize_db_url
 from db import (
@@ -907,10 +906,15 @@ class TestSettings:
 
 
 @pytest.mark.slow
-def test_nearest_is_fast_at_100k_problems(database: Database) -> None:
-    """100k problems over 4 patterns, all tuned on one device: a nearest query stays fast."""
+def test_nearest_is_two_statements_served_by_the_index(database: Database, backend: str) -> None:
+    """20k problems over 4 patterns, all tuned on one device. A nearest lookup is two SQL
+    statements whatever the number of problems (the device's id; the neighbours, sorted and
+    cut to ``limit`` by the database), the database can serve its (pattern, dtype, mesh size)
+    prefilter from ix_problems_nearest, and with ``max_distance`` one page of the ball is read.
+    None of that depends on the count (20k: enough for a ball wider than a page); how long a
+    lookup takes at 100k or more is a figure for bench/, not an assertion."""
     rng = random.Random(0)
-    n_problems = 100_000
+    n_problems = 20_000
     patterns = [
         PATTERN,
         "all_gather:rhs:free",
@@ -963,12 +967,38 @@ def test_nearest_is_fast_at_100k_problems(database: Database) -> None:
         ]  # fmt: skip
         s.execute(insert(Winner).from_select(columns, every_problem))
     query = {"pattern": PATTERN, "dtype": "bfloat16", "mesh_size": 8}
+    shape = {"m": 3000, "n": 500, "k": 20000, "b": 2}
+    statements: list[tuple[str, Any]] = []
+
+    def record(conn: Any, cursor: Any, statement: str, parameters: Any, context: Any,
+               executemany: bool) -> None:
+        statements.append((statement, parameters))
+
     with database.session(read_only=True) as s:
-        repo.nearest_winners(s, "dev-a", m=1000, n=1000, k=1000, b=1, **query)  # warm up
-        started = time.perf_counter()
-        for _ in range(10):
-            near = repo.nearest_winners(s, "dev-a", m=3000, n=500, k=20000, b=2, **query)
-        per_query = (time.perf_counter() - started) / 10
+        # a first lookup: the transaction has begun (its BEGIN is not counted below)
+        repo.nearest_winners(s, "dev-a", m=1000, n=1000, k=1000, b=1, **query)
+        event.listen(database.engine, "before_cursor_execute", record)
+        try:
+            near = repo.nearest_winners(s, "dev-a", **shape, **query)
+            plain = list(statements)
+            statements.clear()
+            in_ball = repo.nearest_winners(s, "dev-a", **shape, **query, max_distance=2.0)
+            ball = list(statements)
+        finally:
+            event.remove(database.engine, "before_cursor_execute", record)
+        # the device's id, then one statement for the neighbours: no query per row or problem
+        assert len(plain) == 2, [st for st, _ in plain]
+        neighbours = plain[1][0]
+        assert "ORDER BY" in neighbours and "LIMIT" in neighbours  # sorted and cut in SQL
+        # the device, one page of the ball and its winners, the neighbours
+        assert len(ball) == 4, [st for st, _ in ball]
+        conn = s.connection()
+        if backend == "postgres":  # the planner may prefer a scan of so few pages: is the index usable?
+            conn.exec_driver_sql("SET LOCAL enable_seqscan = off")
+        explain = "EXPLAIN QUERY PLAN" if backend == "sqlite" else "EXPLAIN"
+        for statement, parameters in (plain[1], ball[1]):  # the neighbours; the ball's first page
+            plan = "\n".join(str(r[-1]) for r in conn.exec_driver_sql(f"{explain} {statement}", parameters))
+            assert "ix_problems_nearest" in plan, plan
     target = (math.log2(3000), math.log2(500), math.log2(20000), 1.0)
     best = sorted(
         (math.dist(target, (p["lm"], p["ln"], p["lk"], p["lb"])), p["key"])
@@ -977,7 +1007,7 @@ def test_nearest_is_fast_at_100k_problems(database: Database) -> None:
     )[:5]
     assert [nb.problem.key for nb in near] == [key for _, key in best]
     assert [nb.distance for nb in near] == pytest.approx([d for d, _ in best])
-    assert per_query < 0.5, f"nearest_winners took {per_query * 1000:.0f} ms per query"
+    assert [nb.problem.key for nb in in_ball] == [key for _, key in best]  # all within 2.0
 
 
 # --------------------------------------------------------------------------- concurrency

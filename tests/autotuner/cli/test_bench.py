@@ -25,10 +25,23 @@ def run(args: list[str], cwd: Path, timeout: float = 600) -> subprocess.Complete
                           capture_output=True, text=True, timeout=timeout)
 
 
+@pytest.fixture(scope="module")
+def forced_ring(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess, str]:
+    """One `bench-model --strategy RING --json --db URL` run, what the two tests below check (its
+    JSON; the row it stores): the example is built, compiled and timed once for both."""
+    from db import upgrade
+
+    tmp_path = tmp_path_factory.mktemp("forced_ring")
+    url = f"sqlite:///{tmp_path / 'results.db'}"
+    upgrade(url)
+    r = run(["bench-model", *EXAMPLE, "--memory", "none", "--target", "inproc:4", "--strategy", "ring-uni-c1-u1-loop-send",
+             "--reps", "5", "--pair-reps", "3", "--json", "--db", url], tmp_path)
+    return r, url
+
+
 @pytest.mark.slow
-def test_bench_model_forced_ring_json(tmp_path):
-    r = run(["bench-model", *EXAMPLE, "--target", "inproc:4", "--strategy", "ring-uni-c1-u1-loop-send",
-             "--reps", "5", "--pair-reps", "3", "--json"], tmp_path)
+def test_bench_model_forced_ring_json(forced_ring):
+    r, _ = forced_ring
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout)
     assert got["error"] <= 4e-5 and len(got["plan"]) == 4 and all(p["applied"] for p in got["plan"])
@@ -66,7 +79,7 @@ def test_bench_model_baseline_table_and_errors(tmp_path):
 def test_bench_model_on_a_lab_builds_the_program_in_every_process(tmp_path):
     """lab:none:2 (plain loopback, no root needed): the factory runs in both processes, the
     numerics are checked across them, both programs are timed and each pair alone."""
-    r = run(["bench-model", "autotuner.examples.transformer:train_step", "--mesh", '{"model": 2}', "--explicit",
+    r = run(["bench-model", "autotuner.examples.transformer:train_step", "--memory", "none", "--mesh", '{"model": 2}', "--explicit",
              "--kwargs", '{"layers": 1}', "--target", "lab:none:2", "--strategy", "ring-uni-c2-ufull-loop-send",
              "--reps", "5", "--pair-reps", "3", "--json"], tmp_path)
     assert r.returncode == 0, r.stderr
@@ -82,16 +95,13 @@ def test_bench_model_on_a_lab_builds_the_program_in_every_process(tmp_path):
     assert sum(t["count"] for t in got["pairs"]) == 12 and all(t["failed"] is None for t in got["pairs"])
 
 
-def test_bench_model_stores_its_result_with_db(tmp_path):
+def test_bench_model_stores_its_result_with_db(forced_ring, tmp_path):
     """--db: the run becomes one row of model_benches holding what --json prints (issue 15 item 5);
     --no-store keeps it out."""
-    from db import Database, upgrade
+    from db import Database
     from db import repository as repo
 
-    url = f"sqlite:///{tmp_path / 'results.db'}"
-    upgrade(url)
-    r = run(["bench-model", *EXAMPLE, "--target", "inproc:4", "--strategy", "ring-uni-c1-u1-loop-send",
-             "--reps", "5", "--pair-reps", "3", "--json", "--db", url], tmp_path)
+    r, url = forced_ring
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout)
     assert f"stored as bench-model run {got['bench_id']}" in r.stderr

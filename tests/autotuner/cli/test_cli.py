@@ -34,8 +34,9 @@ def rows(db: Path, sql: str) -> list[tuple]:
 def test_tune_exhaustive_json_and_database(tmp_path):
     f = tmp_path / "p.jsonl"
     f.write_text(json.dumps(SMALL) + "\n" + json.dumps(SMALL_RS) + "\n")
-    r = run(["tune", "--problems", str(f), "--target", "inproc:2", "--exhaustive", "--reps", "3", "--json"],
-            tmp_path)
+    # --precision 0: exactly --reps repetitions (the adaptive ones are test_tune_quality's)
+    r = run(["tune", "--problems", str(f), "--target", "inproc:2", "--exhaustive", "--reps", "3",
+             "--precision", "0", "--json"], tmp_path)
     assert r.returncode == 0, r.stderr
     lines = [json.loads(x) for x in r.stdout.splitlines()]
     assert len(lines) == 2
@@ -57,8 +58,8 @@ def test_tune_search_respects_the_trial_budget(tmp_path):
     p = dict(SMALL, mesh={"x": 4}, lhs={"shape": [64, 32], "spec": ["x", None]},
              rhs={"shape": [32, 64], "spec": [None, "x"]})
     f.write_text(json.dumps([p]))
-    r = run(["tune", "--problems", str(f), "--target", "inproc:4", "--trials", "6", "--reps", "3", "--json"],
-            tmp_path)
+    r = run(["tune", "--problems", str(f), "--target", "inproc:4", "--trials", "6", "--reps", "3",
+             "--precision", "0", "--json"], tmp_path)
     assert r.returncode == 0, r.stderr
     line = json.loads(r.stdout)
     assert line["trials"] == 6

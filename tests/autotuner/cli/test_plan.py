@@ -64,7 +64,7 @@ def test_plan_from_a_snapshot_applies_only_confident_winners(tmp_path):
     snap.write_text(json.dumps({"format": "autotuner-snapshot", "version": 1, "entries": entries,
                                 "devices": [{**d.to_dict(), "key": d.key} for d in (dev, other)]}))
     one = ["--kwargs", '{"layers": 1}']
-    r = run(["plan", "autotuner.examples.transformer:example", "--explicit", "--snapshot", str(snap), "--json", *one],
+    r = run(["plan", "autotuner.examples.transformer:example", "--memory", "none", "--explicit", "--snapshot", str(snap), "--json", *one],
             tmp_path)
     assert r.returncode == 0, r.stderr
     rows = {row["name"]: row for row in map(json.loads, r.stdout.splitlines())}
@@ -76,7 +76,7 @@ def test_plan_from_a_snapshot_applies_only_confident_winners(tmp_path):
     assert {rows[n]["source"] for n in ("bshk,hkd->bsd", "bsf,fd->bsd")} == {"default"}
     assert f"device {dev.label}" in r.stderr and "2 winner(s)" in r.stderr
 
-    table = run(["plan", "autotuner.examples.transformer:example", "--explicit", "--snapshot", str(snap), *one], tmp_path)
+    table = run(["plan", "autotuner.examples.transformer:example", "--memory", "none", "--explicit", "--snapshot", str(snap), *one], tmp_path)
     assert table.returncode == 0, table.stderr
     assert "1 of 4 pair(s) decomposed" in table.stdout and "23%" in table.stdout
 
@@ -104,7 +104,7 @@ def test_plan_from_the_database_a_tune_wrote(tmp_path):
     r = run(["extract", "tiny:program", "-o", "p.json"], tmp_path)
     assert r.returncode == 0, r.stderr
     r = run(["tune", "--problems", "p.json", "--target", "inproc:2", "--exhaustive", "--reps", "3",
-             "--db", "sqlite:///t.db", "--json"], tmp_path)
+             "--precision", "0", "--db", "sqlite:///t.db", "--json"], tmp_path)  # fixed repetitions
     assert r.returncode == 0, r.stderr
     tuned = json.loads(r.stdout.splitlines()[0])
     r = run(["plan", "tiny:program", "--db", "sqlite:///t.db", "--json"], tmp_path)

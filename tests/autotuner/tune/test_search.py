@@ -46,10 +46,10 @@ def test_budget_dedupe_resume_and_winner_rule(tmp_path):
     database = Database(url)
     database.upgrade()
     p = Problem.from_dict(P8)
-    with TargetSession(Target.parse("inproc:8")) as ts:
-        r1 = tune_problem(ts, database, p, trials=5, reps=3, seed=1)
+    with TargetSession(Target.parse("inproc:8")) as ts:  # no A/A twin: not what this checks
+        r1 = tune_problem(ts, database, p, trials=5, reps=3, seed=1, aa=False)
         assert r1.trials == 5 and r1.studied == 5
-        r2 = tune_problem(ts, database, p, trials=9, reps=3, seed=1)   # resumes the same study
+        r2 = tune_problem(ts, database, p, trials=9, reps=3, seed=1, aa=False)   # resumes the same study
         assert r2.trials == 4 and r2.studied == 9
     keys = [k for k in measured_keys(url) if k != "baseline"]
     assert len(keys) == 9 and len(set(keys)) == 9
@@ -81,7 +81,7 @@ def test_a_calibrated_device_measures_the_cost_models_picks_first(tmp_path):
         costmodel.save_params(database, ts.device, params)
         ring = [s for s in space(p, ts.device) if s.method == "ring"]
         top = [s.key for s in costmodel.ranker(params, p)(ring)][:2]
-        tune_problem(ts, database, p, trials=6, reps=3, seed=3)
+        tune_problem(ts, database, p, trials=6, reps=3, seed=3, aa=False)  # the order, not the A/A
         first = [k for k in measured_keys(url) if k != "baseline"][:2]
         assert first == top
         # without the model (or without a calibration) the search does not start there
@@ -91,8 +91,10 @@ def test_a_calibrated_device_measures_the_cost_models_picks_first(tmp_path):
 
 
 def _worker_cmd(problems: Path, db: str, trials: int, target: str) -> list[str]:
+    """A `tune` worker with fixed repetitions (--precision 0): what these tests check is the
+    study (budget, resume, sharing), not the adaptive repetitions (test_tune_quality's)."""
     return [sys.executable, "-m", "autotuner.cli", "tune", "--problems", str(problems), "--target", target,
-            "--trials", str(trials), "--reps", "3", "--db", db, "--json"]
+            "--trials", str(trials), "--reps", "3", "--precision", "0", "--db", db, "--json"]
 
 
 def _env(**extra: str) -> dict[str, str]:
