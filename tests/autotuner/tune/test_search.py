@@ -91,10 +91,8 @@ def test_a_calibrated_device_measures_the_cost_models_picks_first(tmp_path):
 
 
 def _worker_cmd(problems: Path, db: str, trials: int, target: str) -> list[str]:
-    """A `tune` worker with fixed repetitions (--precision 0): what these tests check is the
-    study (budget, resume, sharing), not the adaptive repetitions (test_tune_quality's)."""
     return [sys.executable, "-m", "autotuner.cli", "tune", "--problems", str(problems), "--target", target,
-            "--trials", str(trials), "--reps", "3", "--precision", "0", "--db", db, "--json"]
+            "--trials", str(trials), "--reps", "3", "--db", db, "--json"]
 
 
 def _env(**extra: str) -> dict[str, str]:
