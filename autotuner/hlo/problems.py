@@ -208,9 +208,13 @@ def match_dot(pair: Pair, post: HloModule, pre: HloModule, pre_dots: list[tuple[
               used: set[str], info: MeshInfo) -> Problem | str:
     """The Problem of `pair`, read from its dot in the propagated module (`pre_dots`: its
     `dot_index`; a dot not in `used`, which gains it), or why there is none. Candidates: the same
-    op_name/stack frame/dimension numbers first, then any dot of the same dimension numbers."""
+    op_name/stack frame/dimension numbers; only where there is none, any dot of the same dimension
+    numbers."""
     sig = _signature(post, pair.dot)
-    cands = ([c for c, s in pre_dots if s == sig] + [c for c, s in pre_dots if s != sig and s[2] == sig[2]])
+    # the same dot (op_name, stack frame, dimension numbers) where the propagated module has it
+    # (its reason is then the pair's: no other dot is tried), else any of the same dimension numbers
+    cands = [c for c, s in pre_dots if s == sig and c.name not in used] or [
+        c for c, s in pre_dots if s != sig and s[2] == sig[2]]
     reasons = []
     for cand in cands:
         if cand.name in used:

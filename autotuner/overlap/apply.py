@@ -128,6 +128,7 @@ class Interpreter:
     applied: set[str] = field(default_factory=set)
     failed: dict[str, str] = field(default_factory=dict)   # tag or eqn path -> why not applied
     _has_dot: dict[int, bool] = field(default_factory=dict)
+    _pos: dict[int, dict[int, int]] = field(default_factory=dict)   # id(jaxpr) -> {id(eqn): position}
     _pending: dict[str, Any] = field(default_factory=dict)   # group member tag -> its computed result
     _subst: dict[int, dict[int, Any]] = field(default_factory=dict)  # id(eqn) -> {operand: kept gather}
     kept: dict[str, int] = field(default_factory=dict)   # tag -> other users given the kept gather
@@ -397,8 +398,12 @@ class Interpreter:
         gather's result `gspec` (Explicit layouts), and the dots reading `x` itself or a relayout
         of it without an explicit layout (a dot gathers such an operand itself: Explicit sharding
         rules or GSPMD). Other uses take `x` as it is."""
-        later = {id(e) for e in jaxpr.eqns[first + 1:]}
-        replaced = {id(e) for i, e in enumerate(jaxpr.eqns) if tag_of(path + (i,)) in self.actions}
+        pos = self._pos.get(id(jaxpr))
+        if pos is None:
+            pos = self._pos[id(jaxpr)] = {id(e): i for i, e in enumerate(jaxpr.eqns)}
+        prefix = tag_of(path) + "_" if path else ""
+        replaced = {id(jaxpr.eqns[int(r)]) for t in self.actions
+                    if t.startswith(prefix) and (r := t[len(prefix):]).isdigit() and int(r) < len(jaxpr.eqns)}
         out: list[tuple[Any, int]] = []
         todo, seen = [x], set()
         while todo:
@@ -411,7 +416,7 @@ class Interpreter:
                 if c.primitive.name in LAYOUT_PRIMS and c.invars[0] is v:
                     todo.append(c.outvars[0])
                 dot = c.primitive.name == "dot_general"
-                if id(c) in later and (spec == gspec or dot and (spec is None or v is x)):
+                if pos.get(id(c), -1) > first and (spec == gspec or dot and (spec is None or v is x)):
                     out += [(c, j) for j, u in enumerate(c.invars) if u is v]
         return out
 
