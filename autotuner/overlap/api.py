@@ -262,7 +262,7 @@ class Overlapped:
                 break
             actions.update(new_actions)
         if not actions:   # nothing to rewrite: exactly plain jit (compiled on the first call)
-            return _Prepared(plain, Plan(numbered(rows), notes))
+            return _Prepared(plain, Plan(numbered(rows), notes, Memory(plain_temp, plain_temp, self.memory)))
         if interp.actions != actions:   # the last round found more: this program is not compiled yet
             interp = Interpreter(mesh, dict(actions), traced=traced)
             jitted, compiled = self._jit(interp), None
