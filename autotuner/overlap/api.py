@@ -35,11 +35,12 @@ How it works, per input signature (tree, shapes, dtypes, shardings, static value
    after it (see `overlap.apply`); a group's ring runs at the first of its dots and each dot
    takes its own result; a ring that keeps its gather runs before the first equation that needs
    the gathered value, which takes the kept copy; baseline pairs keep their equation (the baseline is exactly
-   plain jit). The rewritten program is compiled and analysed again: that checks every chosen dot
-   was replaced, and with Auto layouts (GSPMD may lay the rewritten program out differently)
-   finds pairs that appear only now, which are chosen for in turn (at most `MAX_ROUNDS` analyses).
-   The last analysis's executable is what calls run (no compile on the first call), unless
-   `jit_kwargs` has static arguments (then `jax.jit` of the rewritten program, compiled on call).
+   plain jit). The rewritten program is compiled; with Auto layouts (GSPMD may lay it out
+   differently) it is analysed again for pairs that appear only now, which are chosen for in turn
+   (at most `MAX_ROUNDS` analyses). Past the memory bound (`overlap.memory`), decompositions are
+   shed and the program compiled again. That executable is what calls run (no compile on the
+   first call), unless `jit_kwargs` has static arguments (then `jax.jit` of the rewritten program,
+   compiled on call).
 
 Limits (each pair concerned stays plain jit and `plan()` says why; nothing raises):
 - only pairs `extract` maps to a Problem (f32/bf16/f16 dots whose layout classifies as the
@@ -248,9 +249,7 @@ class Overlapped:
                     return _Prepared(plain, Plan(numbered(rows), [*notes, note]))
                 log.warning("overlap: the rewritten program could not be compiled (%s: %s); using "
                             "plain jit", type(e).__name__, e)
-                note = "the rewritten program could not be compiled; plain jit"
-                return _Prepared(plain, Plan(numbered([r.unapplied(note) if r.applied else r
-                                                       for r in rows]), notes))
+                return _all_plain(plain, rows, notes, "the rewritten program could not be compiled; plain jit")
             notes += [t for t in found.notes if t not in notes]
             new_actions, new_rows = choose(self.mode, self.chosen, self.client, found.sites, found.rows)
             if n:
@@ -271,28 +270,28 @@ class Overlapped:
             except Exception as e:  # noqa: BLE001 - never worse than plain jit
                 log.warning("overlap: the rewritten program did not trace (%s: %s); using plain jit",
                             type(e).__name__, e)
-                note = f"the rewritten program did not trace ({type(e).__name__}); plain jit"
-                return _Prepared(plain, Plan(numbered([r.unapplied(note) if r.applied else r
-                                                        for r in rows]), notes))
+                return _all_plain(plain, rows, notes,
+                                  f"the rewritten program did not trace ({type(e).__name__}); plain jit")
         shed: dict[str, str] = {}
         overlapped_temp = temp_bytes(compiled) if compiled is not None else None
         rings_shed = 0
         while over(plain_temp, overlapped_temp, self.memory):
             assert self.memory is not None and plain_temp is not None and overlapped_temp is not None
             excess = overlapped_temp - int(plain_temp * (1 + self.memory))
+            sheds_rings = not any(a.keep for a in actions.values())
             step = memory_shed(actions, rows, tags, excess, self.memory, rings_shed)
             if not step:
                 break
-            rings_shed = len(step) if not any(a.keep for a in actions.values()) else rings_shed
+            if sheds_rings:   # the ring batches double; kept gathers do not count
+                rings_shed = len(step)
             shed.update(step)
             interp = Interpreter(mesh, dict(actions), traced=traced)
             jitted = self._jit(interp)
             try:
                 compiled = lower(jitted, *args, **kwargs).compile()
             except Exception as e:  # noqa: BLE001 - never worse than plain jit
-                note = f"the rewritten program could not be compiled ({type(e).__name__}); plain jit"
-                return _Prepared(plain, Plan(numbered([r.unapplied(note) if r.applied else r
-                                                       for r in rows]), notes))
+                return _all_plain(plain, rows, notes,
+                                  f"the rewritten program could not be compiled ({type(e).__name__}); plain jit")
             overlapped_temp = temp_bytes(compiled)
         owners = {r.name for t, r in zip(tags, rows, strict=True) if t in shed}
         out = []
@@ -325,6 +324,11 @@ class Overlapped:
         run = compiled if compiled is not None and not static else jitted
         return _Prepared(run, Plan(numbered(out), notes, memory=Memory(plain_temp, overlapped_temp, self.memory)),
                          jitted)
+
+
+def _all_plain(plain: Any, rows: list[PlanRow], notes: list[str], why: str) -> _Prepared:
+    """Plain jit after all: every applied row is left baseline, and says why."""
+    return _Prepared(plain, Plan(numbered([r.unapplied(why) if r.applied else r for r in rows]), notes))
 
 
 def overlap(fn: Callable[..., Any] | None = None, *, strategy: Any = "auto", client: Any = None,
