@@ -211,7 +211,8 @@ def run_session(runner: Runner, problem: Problem, strategies: Sequence[Strategy]
             c.median_s, c.iqr_s, c.min_s, c.n = s.median, s.iqr, s.min, s.n
     t_comm = Summary.of(comm).median if comm else None
     t_comp = Summary.of(comp).median if comp else None
-    t_bound = bound(t_comm, t_comp, problem.axis_size) if t_comm is not None and t_comp is not None else None
+    t_bound = (bound(t_comm, t_comp, problem.axis_size, base.median_s if base.status == "ok" else None)
+               if t_comm is not None and t_comp is not None else None)
     for c in cands:
         if c.status != "ok" or base.status != "ok":
             continue
