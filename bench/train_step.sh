@@ -6,6 +6,7 @@
 #   PROG=tests.models.keras_hub_llama:train_step_sp MESH='{"data": 2, "model": 2}' KW='{}' AXES=--auto \
 #     bench/train_step.sh lab:shared:4:2gbit         a real model of the test extra
 #   MEMORY=none bench/train_step.sh                   without the pass's memory bound (default 0.05)
+#   BENCH_ARGS=--attribute bench/train_step.sh        each decomposed problem's saving in the step too
 set -euo pipefail
 TARGET=${1:-lab:shared:2:2gbit}
 WORK=${2:-$(mktemp -d)}
@@ -16,6 +17,7 @@ KW=${KW:-'{"layers": 1, "batch": 8, "seq": 128, "d_model": 512, "heads": 8, "d_h
 AXES=${AXES:---explicit}
 TRIALS=${TRIALS:-6}
 MEMORY=${MEMORY:-0.05}
+BENCH_ARGS=${BENCH_ARGS:-}
 export KERAS_BACKEND=${KERAS_BACKEND:-jax}
 DB="sqlite:///$WORK/step.db"
 echo "# $PROG on $TARGET, workdir $WORK, load: $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -23,5 +25,5 @@ echo "# $PROG on $TARGET, workdir $WORK, load: $(cut -d' ' -f1-3 /proc/loadavg)"
 time "$AT" tune --problems "$WORK/step.json" --target "$TARGET" --trials "$TRIALS" --reps 5 --db "$DB"
 "$AT" plan "$PROG" --mesh "$MESH" "$AXES" --kwargs "$KW" --db "$DB" --memory "$MEMORY"
 "$AT" bench-model "$PROG" --mesh "$MESH" "$AXES" --kwargs "$KW" --target "$TARGET" --db "$DB" --reps 30 \
-    --memory "$MEMORY"
+    --memory "$MEMORY" $BENCH_ARGS
 echo "# load after: $(cut -d' ' -f1-3 /proc/loadavg)"

@@ -64,11 +64,35 @@ def print_report(res: Any, plan: list[dict[str, Any]], out: Any = None) -> None:
                   f"pairs: {_ms(dec)} ms{share(dec)}\n")
         out.write(f"saving per step: predicted from the pairs alone {_ms(saved)} ms, measured "
                   f"{_ms(measured)} ms\n")
+    if res.attribution is not None:
+        print_attribution(res, out)
     if not any(r["applied"] for r in plan):
         out.write("no pair is decomposed: overlapped is plain jit (see the plan)\n")
     if res.slower:
         out.write("FLAG: overlapped is slower than plain beyond the interval\n")
     out.flush()
+
+
+def print_attribution(res: Any, out: Any) -> None:
+    """Each decomposed problem's saving: timed alone (the pairs), alone in the step, and what
+    removing it from the plan costs; their sums against the measured saving."""
+    def ci(lo: float | None, hi: float | None) -> str:
+        return f"[{_ms(lo)}, {_ms(hi)}]"
+
+    out.write("attribution, ms saved per step (alone in the step: plain - only this problem decomposed; "
+              "without: the plan without it - the plan; 95% intervals):\n")
+    head = ("problem", "name", "x", "pairs alone", "alone in step", "interval", "without", "interval")
+    rows = [head] + [(a.key[:12], a.name[:40], str(a.count), _ms(a.isolated_saved_s), _ms(a.alone_saved_s),
+                      ci(a.alone_lo_s, a.alone_hi_s), _ms(a.without_saved_s), ci(a.without_lo_s, a.without_hi_s))
+                     for a in res.attribution]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    for r in rows:
+        out.write("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() + "\n")
+    iso = [a.isolated_saved_s for a in res.attribution if a.isolated_saved_s is not None]
+    out.write(f"sums: pairs alone {_ms(sum(iso)) if iso else '-'} ms, alone in step "
+              f"{_ms(sum(a.alone_saved_s for a in res.attribution))} ms, without "
+              f"{_ms(sum(a.without_saved_s for a in res.attribution))} ms; measured saving "
+              f"{_ms(res.measured_saved_s)} ms\n")
 
 
 @app.command("bench-model", help=HELP)
@@ -90,6 +114,9 @@ def bench_cmd(
     warmup: Annotated[int, typer.Option(min=1, help="untimed steps of each program first")] = 2,
     pairs: Annotated[bool, typer.Option("--pairs/--no-pairs", help="time each decomposed pair alone")] = True,
     pair_reps: Annotated[int, typer.Option(min=3, help="repetitions per pair alone")] = 7,
+    attribute: Annotated[bool, typer.Option("--attribute", help="also time, interleaved with plain and the "
+                                            "plan, the step with each decomposed problem alone and the plan "
+                                            "without it: each problem's saving in the program")] = False,
     json_out: Annotated[bool, typer.Option("--json", help="the result as one JSON object on stdout")] = False,
     store: Annotated[bool, typer.Option("--store/--no-store", help="store the result in the --db database "
                                         "(default with --db)")] = True,
@@ -111,12 +138,14 @@ def bench_cmd(
             res, plan, notes, error, dev = bench_on_lab(
                 tgt, target, fkw, shape, explicit, chosen, dict(db=db, service=service, snapshot=snapshot,
                                                                  device=device), tmp,
-                reps=reps, warmup=warmup, pairs=pairs, pair_reps=pair_reps, memory=bound)
+                reps=reps, warmup=warmup, pairs=pairs, pair_reps=pair_reps, memory=bound,
+                attribute=attribute)
         else:
             res, plan, notes, error, dev = _bench_here(
                 tgt, target, fkw, shape, explicit, chosen, dict(db=db, service=service, snapshot=snapshot,
                                                                  device=device), tmp,
-                reps=reps, warmup=warmup, pairs=pairs, pair_reps=pair_reps, memory=bound)
+                reps=reps, warmup=warmup, pairs=pairs, pair_reps=pair_reps, memory=bound,
+                attribute=attribute)
     stored: dict[str, Any] = {}
     if db and store:
         from autotuner.cli.bench_store import bench_values, store_bench
@@ -137,10 +166,12 @@ def bench_cmd(
 
 def _bench_here(tgt: Any, target: str, fkw: dict[str, Any], shape: dict[str, int] | None, explicit: bool,
                 chosen: Any, sources: dict[str, Any], tmp: str, *, reps: int, warmup: int, pairs: bool,
-                pair_reps: int, memory: float | None) -> tuple[Any, list[dict[str, Any]], list[str], float, Any]:
+                pair_reps: int, memory: float | None, attribute: bool = False
+                ) -> tuple[Any, list[dict[str, Any]], list[str], float, Any]:
     from autotuner.cli.model import Bench, ModelError, load_factory, plan_notes, plan_rows
     from autotuner.cli.plan import mesh_size
-    from autotuner.measure.steps import compare, pair_breakdown, time_steps
+    from autotuner.measure.steps import attribute as attribution
+    from autotuner.measure.steps import compare, decomposed_units, pair_breakdown, time_steps
     from autotuner.measure.targets import TargetError, TargetSession
     from autotuner.problem import problem_from_dict
     from autotuner.testing import step_tolerance
@@ -156,7 +187,10 @@ def _bench_here(tgt: Any, target: str, fkw: dict[str, Any], shape: dict[str, int
             fail(str(e))
         winners = make_client(**sources, n=mesh_size(prog), tmpdir=tmp, prefer=session.device.key)
         err.print(f"benchmarking {target} on {tgt.text}; {winners.where}", highlight=False)
-        bench = Bench(prog, chosen, winners.client, memory)
+        if attribute:
+            err.print("attribution: compiling the step with each decomposed problem alone and the plan "
+                      "without it", highlight=False)
+        bench = Bench(prog, chosen, winners.client, memory, attribute)
         rows = plan_rows(bench.plan)
         error = bench.error()
         dtypes = {problem_from_dict(r["problem"]).dtype for r in rows if r["problem"]} or {"float32"}
@@ -165,9 +199,12 @@ def _bench_here(tgt: Any, target: str, fkw: dict[str, Any], shape: dict[str, int
             fail(f"the overlapped step differs from plain jit: relative error {error:.3g} > {tol:g}")
         err.print(f"numerics: overlapped = plain jit within {error:.2g} (relative); timing {reps} steps each",
                   highlight=False)
-        plain, ov = time_steps(bench.thunks(), reps=reps, warmup=warmup)
+        plain, ov, *variants = time_steps(bench.thunks(), reps=reps, warmup=warmup)
         res = compare(plain, ov, reps)
         if pairs:
             res.pairs = pair_breakdown(bench.plan, session.runner, reps=pair_reps,
                                        log=lambda m: err.print(m, highlight=False))
-    return res, rows, plan_notes(bench.plan), error, session.device
+        if attribute:
+            res.attribution = attribution(decomposed_units(bench.plan), plain, ov, variants[0::2],
+                                          variants[1::2], res.pairs)
+    return res, rows, plan_notes(bench.plan) + bench.variant_notes, error, session.device

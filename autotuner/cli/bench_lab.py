@@ -15,11 +15,13 @@ LOAD_TIMEOUT_S = 1800.0
 
 def bench_on_lab(tgt: Any, target: str, fkw: dict[str, Any], shape: dict[str, int] | None, explicit: bool,
                  chosen: Any, sources: dict[str, Any], tmp: str, *, reps: int, warmup: int, pairs: bool,
-                 pair_reps: int, memory: float | None) -> tuple[Any, list[dict[str, Any]], list[str], float, Any]:
+                 pair_reps: int, memory: float | None,
+                 attribute: bool = False) -> tuple[Any, list[dict[str, Any]], list[str], float, Any]:
     from autotuner.cli.model import HANDLER
     from autotuner.lab import Lab, LabSpec, LabWorkerError
     from autotuner.measure.lab import LabRunner
-    from autotuner.measure.steps import compare, pair_breakdown
+    from autotuner.measure.steps import attribute as attribution
+    from autotuner.measure.steps import compare, decomposed_units, pair_breakdown
     from autotuner.problem import problem_from_dict
     from autotuner.strategy import Strategy
     from autotuner.testing import step_tolerance
@@ -37,7 +39,7 @@ def bench_on_lab(tgt: Any, target: str, fkw: dict[str, Any], shape: dict[str, in
         say(f"benchmarking {target} on {tgt.text} ({dev.label}); {winners.where}")
         got = lab.call({"op": "step_load", "target": target, "kwargs": fkw, "mesh": shape, "explicit": explicit,
                         "strategy": chosen if isinstance(chosen, str) else chosen.to_dict(),
-                        "memory": memory, "snapshot": winners.snapshot,
+                        "memory": memory, "attribute": attribute, "snapshot": winners.snapshot,
                         "device": winners.device.to_dict() if winners.device is not None else None},
                        LOAD_TIMEOUT_S)
         if "error" in got:
@@ -52,12 +54,16 @@ def bench_on_lab(tgt: Any, target: str, fkw: dict[str, Any], shape: dict[str, in
         if "error" in t:
             fail(f"the lab could not time {target}: {t['error']}")
         res = compare(t["plain"], t["overlapped"], reps)
+        plan = [SimpleNamespace(applied=r["applied"], name=r["name"], count=r["count"], member=r["member"],
+                                served_by=r["served_by"],
+                                problem=problem_from_dict(r["problem"]) if r["problem"] else None,
+                                strategy=Strategy.from_dict(r["strategy_dict"])) for r in rows]
         if pairs:
-            plan = [SimpleNamespace(applied=r["applied"], name=r["name"], count=r["count"], member=r["member"],
-                                    served_by=r["served_by"],
-                                    problem=problem_from_dict(r["problem"]) if r["problem"] else None,
-                                    strategy=Strategy.from_dict(r["strategy_dict"])) for r in rows]
             res.pairs = pair_breakdown(plan, lambda _p: runner, reps=pair_reps, log=say)
+        if attribute:
+            v = t["variants"]
+            res.attribution = attribution(decomposed_units(plan), t["plain"], t["overlapped"], v[0::2], v[1::2],
+                                          res.pairs)
     except LabWorkerError as e:
         fail(f"the lab failed: {e}")
     finally:

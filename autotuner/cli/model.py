@@ -139,9 +139,13 @@ def plan_notes(plan: Any) -> list[str]:
 
 
 class Bench:
-    """Plain and overlapped programs of one factory, ready to time (see `measure.steps`)."""
+    """Plain and overlapped programs of one factory, ready to time (see `measure.steps`). With
+    `attribute`, also per decomposed problem (`measure.steps.decomposed_units`) the step with only
+    that problem decomposed and the step with the plan minus it, each as the plan decides it
+    (a callable strategy that returns the plan's choice for the problems it keeps)."""
 
-    def __init__(self, prog: Program, strategy: Any, client: Any, memory: float | None) -> None:
+    def __init__(self, prog: Program, strategy: Any, client: Any, memory: float | None,
+                 attribute: bool = False) -> None:
         import jax
 
         from autotuner.overlap import overlap
@@ -151,17 +155,50 @@ class Bench:
         self.plain = fn
         self.overlapped = overlap(prog.fn, strategy=strategy, client=client, memory=memory)
         self.plan = self.overlapped.plan(*prog.args, **prog.kwargs)
+        self.variants: list[Any] = []   # alone_1, without_1, alone_2, ... (Overlapped)
+        self.variant_notes: list[str] = []
+        if attribute:
+            self._build_variants(memory)
+
+    def _build_variants(self, memory: float | None) -> None:
+        from autotuner.measure.steps import decomposed_units
+        from autotuner.overlap import overlap
+
+        chosen = {r.key: r.strategy for r in self.plan if r.applied}
+        a, k = self.prog.args, self.prog.kwargs
+        for u in decomposed_units(self.plan):
+            for kind, keep in (("alone", {u.key}), ("without", set(chosen) - {u.key})):
+                ov = overlap(self.prog.fn, strategy=_Pick({x: chosen[x] for x in keep}), memory=memory)
+                got = {r.key for r in ov.plan(*a, **k) if r.applied}
+                if got != keep:
+                    self.variant_notes.append(f"{u.name} {kind}: the pass applied {len(got)} problem(s), "
+                                              f"not the {len(keep)} asked (see its plan)")
+                self.variants.append(ov)
 
     def thunks(self) -> list[Any]:
+        """plain, overlapped, then the attribution's variants (alone_1, without_1, ...)."""
         a, k = self.prog.args, self.prog.kwargs
-        return [lambda: self.plain(*a, **k), lambda: self.overlapped(*a, **k)]
+        return [lambda: self.plain(*a, **k), lambda: self.overlapped(*a, **k),
+                *[(lambda v=v: v(*a, **k)) for v in self.variants]]
 
     def error(self) -> float:
-        """The worst relative error of the overlapped results against plain jit's."""
+        """The worst relative error of the overlapped results (and the variants') against plain jit's."""
         from autotuner.measure.steps import rel_error
 
-        plain, ov = (t() for t in self.thunks())
-        return rel_error(plain, ov)
+        plain, *others = (t() for t in self.thunks())
+        return max(rel_error(plain, o) for o in others)
+
+
+class _Pick:
+    """A strategy callable: the plan's choice for the problems in `table`, baseline elsewhere."""
+
+    def __init__(self, table: dict[str, Any]) -> None:
+        self.table = table
+
+    def __call__(self, problem: Any) -> Any:
+        from autotuner.strategy import Strategy
+
+        return self.table.get(problem.key, Strategy.baseline())
 
 
 # -- the lab's handler ---------------------------------------------------------------------------
@@ -177,9 +214,9 @@ def handle(request: dict[str, Any], ctx: Any) -> dict[str, Any]:
         from autotuner.measure.steps import time_steps
 
         bench: Bench = ctx.state["bench"]
-        plain, ov = time_steps(bench.thunks(), reps=int(request["reps"]), warmup=int(request.get("warmup", 2)),
-                               sync=CtxSync(ctx))
-        return {"plain": plain, "overlapped": ov}
+        plain, ov, *variants = time_steps(bench.thunks(), reps=int(request["reps"]),
+                                          warmup=int(request.get("warmup", 2)), sync=CtxSync(ctx))
+        return {"plain": plain, "overlapped": ov, "variants": variants}
     from autotuner.measure.lab import handle as tuner_handle
 
     return tuner_handle(request, ctx)
@@ -198,9 +235,9 @@ def _step_load(request: dict[str, Any], ctx: Any) -> dict[str, Any]:
     client = None
     if request.get("snapshot") and request.get("device"):
         client = Client(offline=request["snapshot"], device=Device.from_dict(request["device"]))
-    bench = Bench(prog, strategy, client, request.get("memory", DEFAULT_BOUND))
+    bench = Bench(prog, strategy, client, request.get("memory", DEFAULT_BOUND), bool(request.get("attribute")))
     ctx.state["bench"] = bench
     err = bench.error()
     errs = ctx.gather_json(err)
-    return {"plan": plan_rows(bench.plan), "notes": plan_notes(bench.plan),
+    return {"plan": plan_rows(bench.plan), "notes": plan_notes(bench.plan) + bench.variant_notes,
             "rel_error": max(errs) if errs else err}

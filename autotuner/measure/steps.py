@@ -7,7 +7,9 @@ median and a 95% bootstrap interval of the median; `compare` gives the speedup (
 overlapped median) with the paired bootstrap interval of `stats.ratio_ci`. `pair_breakdown`
 times each decomposed pair alone (its baseline, its strategy, the collective alone) with the
 tuner's own harness, so a step's figure can be read against where its time goes. `rel_error`
-checks the overlapped step's results against plain jit's before any of this.
+checks the overlapped step's results against plain jit's before any of this. `attribute` turns
+the samples of the step with one decomposed problem alone, and with the plan minus that problem
+(timed interleaved with plain and the full plan), into each problem's saving in the program.
 """
 
 from __future__ import annotations
@@ -21,10 +23,10 @@ from typing import Any
 import numpy as np
 
 from autotuner.measure.session import NoSync, Sync, run_session
-from autotuner.measure.stats import ratio_ci
+from autotuner.measure.stats import diff_ci, ratio_ci
 
-__all__ = ["PairTiming", "StepBench", "StepStats", "compare", "median_ci", "pair_breakdown", "rel_error",
-           "time_steps"]
+__all__ = ["AttributionRow", "PairTiming", "StepBench", "StepStats", "Unit", "attribute", "compare",
+           "decomposed_units", "median_ci", "pair_breakdown", "rel_error", "time_steps"]
 
 
 def median_ci(samples: Sequence[float], *, level: float = 0.95, boot: int = 2000,
@@ -143,6 +145,7 @@ class StepBench:
     speedup_hi: float | None
     reps: int
     pairs: list[PairTiming] = field(default_factory=list)
+    attribution: list[AttributionRow] | None = None
     plain_samples: list[float] = field(default_factory=list)
     overlapped_samples: list[float] = field(default_factory=list)
 
@@ -173,7 +176,16 @@ class StepBench:
         d.update(slower=self.slower, comm_s=self.comm_s, decomposed_comm_s=self.decomposed_comm_s,
                  predicted_saved_s=self.predicted_saved_s,
                  pairs=[{**asdict(p), "saved_s": p.saved_s} for p in self.pairs])
+        if self.attribution is not None:
+            d.update(alone_sum_saved_s=sum(a.alone_saved_s for a in self.attribution),
+                     without_sum_saved_s=sum(a.without_saved_s for a in self.attribution),
+                     measured_saved_s=self.measured_saved_s)
         return d
+
+    @property
+    def measured_saved_s(self) -> float:
+        """Seconds per step the plan saves: plain median minus overlapped median."""
+        return self.plain.median_s - self.overlapped.median_s
 
 
 def compare(plain: Sequence[float], overlapped: Sequence[float], reps: int) -> StepBench:
@@ -224,4 +236,64 @@ def pair_breakdown(plan: Any, runner_for: Callable[[Any], Any], *, reps: int,
         else:
             t.failed = cands[0].reason if cands else "not timed"
         out.append(t)
+    return out
+
+
+# -- attribution: each decomposed problem's saving measured in the program ----------------------
+
+@dataclass(frozen=True)
+class Unit:
+    """One decomposed problem of a plan, all its occurrences together (a group: once per run)."""
+
+    key: str
+    name: str
+    count: int
+
+
+def decomposed_units(plan: Any) -> list[Unit]:
+    """The plan's decomposed problems in order of first appearance (rows with `problem`,
+    `strategy`, `name`, `count`, `member`)."""
+    units: dict[str, Unit] = {}
+    for r in plan:
+        if r.problem is None or r.strategy.is_baseline:
+            continue
+        k = r.problem.key
+        u = units.get(k) or Unit(k, r.name, 0)
+        units[k] = Unit(k, u.name, u.count + (0 if r.member else r.count))
+    return list(units.values())
+
+
+@dataclass(frozen=True)
+class AttributionRow:
+    key: str
+    name: str
+    count: int
+    isolated_saved_s: float | None   # the pairs timed alone: count x (baseline - decomposition)
+    alone_saved_s: float             # plain step - the step with only this problem decomposed
+    alone_lo_s: float | None
+    alone_hi_s: float | None
+    without_saved_s: float           # the step without this problem - the full plan's step
+    without_lo_s: float | None
+    without_hi_s: float | None
+
+
+def _or_none(x: float) -> float | None:
+    return None if math.isnan(x) else x
+
+
+def attribute(units: Sequence[Unit], plain: Sequence[float], full: Sequence[float],
+              alone: Sequence[Sequence[float]], without: Sequence[Sequence[float]],
+              pairs: Sequence[PairTiming] = ()) -> list[AttributionRow]:
+    """Per unit: its saving alone in the step (plain - only it applied) and what removing it from
+    the plan costs (the plan without it - the full plan), medians with paired 95% intervals (the
+    programs were timed interleaved, repetition by repetition); `isolated_saved_s` from the
+    decomposed pairs timed alone (`pair_breakdown`), where they were. No figure is scaled."""
+    out = []
+    for u, a, w in zip(units, alone, without, strict=True):
+        sa, alo, ahi = diff_ci(plain, a)
+        sw, wlo, whi = diff_ci(w, full)
+        iso = [p.saved_s for p in pairs if p.key == u.key and p.strategy not in ("baseline", SERVED)
+               and p.saved_s is not None]
+        out.append(AttributionRow(u.key, u.name, u.count, sum(iso) if iso else None, sa, _or_none(alo),
+                                  _or_none(ahi), sw, _or_none(wlo), _or_none(whi)))
     return out

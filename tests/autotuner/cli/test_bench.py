@@ -35,7 +35,7 @@ def forced_ring(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Co
     url = f"sqlite:///{tmp_path / 'results.db'}"
     upgrade(url)
     r = run(["bench-model", *EXAMPLE, "--memory", "none", "--target", "inproc:4", "--strategy", "ring-uni-c1-u1-loop-send",
-             "--reps", "5", "--pair-reps", "3", "--json", "--db", url], tmp_path)
+             "--reps", "5", "--pair-reps", "3", "--attribute", "--json", "--db", url], tmp_path)
     return r, url
 
 
@@ -57,6 +57,19 @@ def test_bench_model_forced_ring_json(forced_ring):
         assert t["failed"] is None and t["baseline_s"] > 0 and t["strategy_s"] > 0 and t["comm_s"] > 0
         assert math.isclose(t["saved_s"], t["count"] * (t["baseline_s"] - t["strategy_s"]))
     assert math.isclose(got["comm_s"], sum(t["count"] * t["comm_s"] for t in got["pairs"]))
+    # --attribute: one row per decomposed problem, each variant applied exactly what it was asked
+    att = got["attribution"]
+    assert [a["key"] for a in att] == [p["key"] for p in got["plan"]]
+    assert not [n for n in got["notes"] if "the pass applied" in n]
+    saved = {t["key"]: t["saved_s"] for t in got["pairs"]}
+    for a in att:
+        assert set(a) >= {"key", "name", "count", "isolated_saved_s", "alone_saved_s", "alone_lo_s", "alone_hi_s",
+                          "without_saved_s"}
+        assert a["count"] == 1 and math.isclose(a["isolated_saved_s"], saved[a["key"]])
+        assert a["alone_lo_s"] <= a["alone_saved_s"] <= a["alone_hi_s"]
+    assert math.isclose(got["alone_sum_saved_s"], sum(a["alone_saved_s"] for a in att))
+    assert math.isclose(got["without_sum_saved_s"], sum(a["without_saved_s"] for a in att))
+    assert math.isclose(got["measured_saved_s"], got["plain"]["median_s"] - got["overlapped"]["median_s"])
 
 
 def test_bench_model_baseline_table_and_errors(tmp_path):
