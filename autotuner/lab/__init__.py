@@ -12,8 +12,9 @@ Workers die with the thread that started them (``PR_SET_PDEATHSIG``): use a long
 from __future__ import annotations
 
 from autotuner.lab.lab import Lab, run_lab_smoke
+from autotuner.lab.run import RunResult, lab_env, run_on_lab
 from autotuner.lab.spec import LabError, LabSpec, LabWorkerError
 from autotuner.lab.worker import WorkerContext, echo_handler
 
-__all__ = ["Lab", "LabError", "LabSpec", "LabWorkerError", "WorkerContext", "echo_handler",
-           "run_lab_smoke"]
+__all__ = ["Lab", "LabError", "LabSpec", "LabWorkerError", "RunResult", "WorkerContext",
+           "echo_handler", "lab_env", "run_lab_smoke", "run_on_lab"]
