@@ -1,10 +1,12 @@
 """The `autotuner` Typer app every command module registers on, and what they share: the
-stderr console, `fail` (one line, exit 2), the database URL and opening the database."""
+stderr console, `fail` (one line, exit 2), the database URL and opening the database, and the
+bearer token of a --token / --token-file pair (`token_of`)."""
 
 from __future__ import annotations
 
 import math
 import sys
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -56,3 +58,30 @@ def _has_tables(database: Any) -> bool:
 
 def fmt(x: float | None, spec: str) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+# -- bearer tokens ---------------------------------------------------------------------------------
+# Every command that takes a --token reads it from the environment too (the option's envvar) or
+# from --token-file: a token written on a command line shows in `ps`, shell history and pod specs.
+SERVICE_TOKEN_ENV = "AUTOTUNER_SERVICE_TOKEN"  # also the client's setting (settings.service_token)
+TOKEN_FILE_HELP = "read the token from this file (e.g. a mounted Secret) instead of --token"
+
+
+def token_of(ctx: typer.Context, token: str | None, token_file: Path | None) -> str | None:
+    """The bearer token: the contents of ``--token-file`` when given (trailing whitespace
+    stripped), else ``--token`` or its environment variable. One line (exit 2): an unreadable,
+    empty or multi-line file, or --token and --token-file both on the command line."""
+    if token_file is None:
+        return token or None
+    source = ctx.get_parameter_source("token")
+    if token is not None and source is not None and source.name == "COMMANDLINE":
+        fail("give --token or --token-file, not both")
+    try:
+        text = token_file.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as e:
+        fail(f"--token-file {token_file}: {getattr(e, 'strerror', None) or e}")
+        raise AssertionError from e
+    if not text or any(c.isspace() for c in text):
+        fail(f"--token-file {token_file}: expected one token on one line"
+             + (", the file is empty" if not text else ""))
+    return text

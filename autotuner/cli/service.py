@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
-from autotuner.cli.common import app, fail
+from autotuner.cli.common import SERVICE_TOKEN_ENV, TOKEN_FILE_HELP, app, fail, token_of
 
 
 def _json_or_file(text: str, what: str) -> Any:
@@ -87,13 +87,16 @@ def serve(
 
 @app.command()
 def lookup(
+    ctx: typer.Context,
     problem: Annotated[str, typer.Option("--problem", help="a Problem as JSON (object or list), or a "
                                          "JSON/JSONL/YAML file of Problems")],
     service: Annotated[str | None, typer.Option(help="service URL (default AUTOTUNER_SERVICE_URL)")] = None,
     device: Annotated[str | None, typer.Option(help="device fingerprint as JSON or a file (default: "
                                                "this host's devices)")] = None,
     topology: Annotated[str | None, typer.Option(help="topology label of this host's devices")] = None,
-    token: Annotated[str | None, typer.Option(help="bearer token, if the service closes reads")] = None,
+    token: Annotated[str | None, typer.Option(envvar=SERVICE_TOKEN_ENV,
+                                              help="bearer token, if the service closes reads")] = None,
+    token_file: Annotated[Path | None, typer.Option(help=TOKEN_FILE_HELP)] = None,
     snapshot: Annotated[str | None, typer.Option(help="answer offline from this snapshot file")] = None,
     timeout: Annotated[float, typer.Option(min=0.1, help="seconds per request")] = 5.0,
 ) -> None:
@@ -107,8 +110,8 @@ def lookup(
         fail("give --service URL (or set AUTOTUNER_SERVICE_URL), or --snapshot FILE")
     problems = _problems(problem)
     dev = _device(device, topology)
-    client = Client(url, token=token or settings.service_token, timeout=timeout, offline=snapshot,
-                    retry_after=0.0)
+    secret = token_of(ctx, token, token_file) or settings.service_token
+    client = Client(url, token=secret, timeout=timeout, offline=snapshot, retry_after=0.0)
     with client:
         results = client.lookup_batch(problems, dev)
     for p, r in zip(problems, results, strict=True):
@@ -119,13 +122,16 @@ def lookup(
 
 @app.command()
 def snapshot(
+    ctx: typer.Context,
     out: Annotated[Path, typer.Option("--out", help="file to write")],
     service: Annotated[str | None, typer.Option(help="service URL (default AUTOTUNER_SERVICE_URL)")] = None,
     device: Annotated[str | None, typer.Option(help="device fingerprint as JSON or a file (default: "
                                                "this host's devices)")] = None,
     topology: Annotated[str | None, typer.Option(help="topology label of this host's devices")] = None,
     all_devices: Annotated[bool, typer.Option("--all", help="every device, not one")] = False,
-    token: Annotated[str | None, typer.Option(help="bearer token, if the service closes reads")] = None,
+    token: Annotated[str | None, typer.Option(envvar=SERVICE_TOKEN_ENV,
+                                              help="bearer token, if the service closes reads")] = None,
+    token_file: Annotated[Path | None, typer.Option(help=TOKEN_FILE_HELP)] = None,
 ) -> None:
     """Export the service's winners to a file for `Client(offline=FILE)`."""
     from autotuner.runtime.client import Client, ClientError
@@ -135,8 +141,9 @@ def snapshot(
     url = service or settings.service_url
     if url is None:
         fail("give --service URL (or set AUTOTUNER_SERVICE_URL)")
+    secret = token_of(ctx, token, token_file) or settings.service_token
     dev = None if all_devices else _device(device, topology)
-    with Client(url, token=token or settings.service_token) as client:
+    with Client(url, token=secret) as client:
         try:
             n = client.export_snapshot(out, dev, all_devices=all_devices)
         except ClientError as e:

@@ -13,7 +13,17 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from autotuner.cli.common import app, db_url, err, fail, fmt, open_database
+from autotuner.cli.common import (
+    SERVICE_TOKEN_ENV,
+    TOKEN_FILE_HELP,
+    app,
+    db_url,
+    err,
+    fail,
+    fmt,
+    open_database,
+    token_of,
+)
 
 
 def load_items(problems: str | None, n: int, scale: float) -> list[tuple[str, Any]]:
@@ -47,13 +57,16 @@ def file_names(path: str, n: int) -> list[str | None]:
 
 @app.command()
 def tune(
+    ctx: typer.Context,
     problems: Annotated[str | None, typer.Option("--problems", help="JSON, JSONL or YAML file of Problems, "
                                                  "or 'suite' for the built-in transformer suite")] = None,
     target: Annotated[str | None, typer.Option(help="inproc:N, lab:TOPOLOGY:N:RATE or local")] = None,
     db: Annotated[str | None, typer.Option("--db", help="database URL (default AUTOTUNER_DB_URL, "
                                            "else ./autotuner.db)")] = None,
     service: Annotated[str | None, typer.Option(help="upload results to this service URL instead")] = None,
-    token: Annotated[str | None, typer.Option(help="write token for --service")] = None,
+    token: Annotated[str | None, typer.Option(envvar=SERVICE_TOKEN_ENV, help="write token for --service "
+                                              "(better: the environment variable, or --token-file)")] = None,
+    token_file: Annotated[Path | None, typer.Option(help=TOKEN_FILE_HELP)] = None,
     trials: Annotated[int, typer.Option(min=1, help="trial budget per problem (search)")] = 24,
     seconds: Annotated[float | None, typer.Option(min=1, help="time budget per problem (search)")] = None,
     exhaustive: Annotated[bool, typer.Option(help="measure every strategy of the space")] = False,
@@ -76,8 +89,10 @@ def tune(
     except TargetError as e:
         fail(str(e))
     items = load_items(problems, tgt.n or 1, scale)
+    token = token_of(ctx, token, token_file)
     if service and not token:
-        fail("--service needs --token (a write token of the service)")
+        fail(f"--service needs a write token of the service: set {SERVICE_TOKEN_ENV}, or give --token-file "
+             "FILE (or --token)")
     if service and db:
         fail("give either --db (store locally) or --service (upload), not both")
     if service:
@@ -276,8 +291,11 @@ def print_summary(rows: list[dict[str, Any]]) -> None:
 
 @app.command()
 def worker(
+    ctx: typer.Context,
     service: Annotated[str, typer.Option(help="the service URL, e.g. http://autotuner:8000")],
-    token: Annotated[str, typer.Option(envvar="AUTOTUNER_WORKER_TOKEN", help="a write token of the service")],
+    token: Annotated[str | None, typer.Option(envvar="AUTOTUNER_WORKER_TOKEN", help="a write token of the "
+                                              "service (better: the environment variable, or --token-file)")] = None,
+    token_file: Annotated[Path | None, typer.Option(help=TOKEN_FILE_HELP)] = None,
     target: Annotated[str | None, typer.Option(help="inproc:N, lab:TOPOLOGY:N:RATE or local")] = None,
     once: Annotated[bool, typer.Option(help="stop when no job is left instead of polling")] = False,
     poll: Annotated[float, typer.Option(min=0.1, help="seconds between claims when the queue is empty")] = 10.0,
@@ -291,6 +309,10 @@ def worker(
     from autotuner.measure.targets import Target, TargetError, TargetSession, default_target
     from autotuner.tune.worker import ServiceError, work
 
+    token = token_of(ctx, token, token_file)
+    if not token:
+        fail("a worker needs a write token of the service: set AUTOTUNER_WORKER_TOKEN, or give --token-file "
+             "FILE (or --token)")
     try:
         tgt = Target.parse(target or default_target())
         with TargetSession(tgt, log=lambda m: err.print(m, highlight=False)) as ts:

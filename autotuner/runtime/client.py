@@ -22,6 +22,12 @@ ONE warning (per outage, not per call) and falls back as above.
 
 ``LookupResult.origin`` says which of these answered: ``service``, ``memory``, ``disk``,
 ``snapshot`` or ``fallback``.
+
+An answer that does not parse (not UTF-8 or JSON, nested too deep, an array where an object
+belongs, a field of the wrong type, a key that is not :data:`KEY_RE`) counts as an unreachable
+service. Answers are filed under the client's own keys. A disk cache file with a line that does
+not parse is set aside (``NAME.corrupt-TIME-PID``) and rewritten from its good lines. No lock
+is held while a request is in flight.
 """
 
 from __future__ import annotations
@@ -32,8 +38,7 @@ import os
 import threading
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
-from datetime import datetime
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -43,14 +48,25 @@ from autotuner import snapshot
 from autotuner.device import Device
 from autotuner.errors import AutotunerError
 from autotuner.problem import GroupedProblem, Problem, problem_from_dict
-from autotuner.strategy import Strategy, StrategyError
+from autotuner.runtime.answers import KEY_RE, LookupResult
+from autotuner.runtime.answers import DiskCache as _DiskCache
+from autotuner.strategy import StrategyError
 
-__all__ = ["Client", "ClientError", "LookupResult", "default_client", "load_snapshot"]
+__all__ = ["KEY_RE", "Client", "ClientError", "LookupResult", "default_client", "load_snapshot"]
 
 log = logging.getLogger("autotuner.runtime.client")
 
 SOURCES = ("tuned", "nearest", "model", "default")
 BATCH = 500  # problems per POST /v1/lookup/batch (the service accepts up to AUTOTUNER_MAX_BATCH)
+# Seconds per request. The service lets its cost model predict for untuned shapes for up to
+# AUTOTUNER_MODEL_BUDGET_SECONDS per request (settings.model_budget_seconds: 2 s by default;
+# checked before each prediction, so one more may run past it), after reading its database
+# and index, and a request may wait behind others in a worker: a client that gave up at the
+# budget itself (the old default, 2 s) cut off exactly the requests the service was busy
+# answering. 10 s is five budgets. Connecting involves none of that work: it is capped at
+# CONNECT_TIMEOUT, so an unreachable host costs 3 s per outage (then `retry_after` of quiet).
+DEFAULT_TIMEOUT = 10.0
+CONNECT_TIMEOUT = 3.0
 
 
 class ClientError(AutotunerError, RuntimeError):
@@ -65,45 +81,13 @@ class _Refused(ClientError):
         self.status = status
 
 
-@dataclass(frozen=True, slots=True)
-class LookupResult:
-    """The strategy to use for one problem on one device (see the service's ``Lookup``); its
-    JSON carries a snapshot entry's fields in their form (:mod:`autotuner.snapshot`)."""
-
-    strategy: Strategy
-    source: str                              # tuned | nearest | model | default
-    speedup: float | None
-    confidence: tuple[float, float] | None
-    record_id: int | None
-    measured_at: datetime | None
-    problem_key: str
-    device_key: str
-    origin: str = "service"                  # service | memory | disk | snapshot | fallback
-    distance: float | None = None
-    neighbor_key: str | None = None
-    trials: int | None = None
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any], origin: str) -> LookupResult:
-        return cls(strategy=Strategy.from_dict(d["strategy"]), source=str(d.get("source", "tuned")),
-                   speedup=d.get("speedup"), confidence=snapshot.confidence_of(d.get("confidence")),
-                   record_id=d.get("record_id"), measured_at=snapshot.time_of(d.get("measured_at")),
-                   problem_key=str(d["problem_key"]), device_key=str(d["device_key"]),
-                   origin=str(d.get("origin", origin)),
-                   distance=d.get("distance"), neighbor_key=d.get("neighbor_key"), trials=d.get("trials"))
-
-    def to_json(self) -> dict[str, Any]:
-        return {"strategy": self.strategy.to_dict(), "source": self.source, "speedup": self.speedup,
-                "confidence": list(self.confidence) if self.confidence else None,
-                "record_id": self.record_id, "measured_at": snapshot.time_json(self.measured_at),
-                "problem_key": self.problem_key, "device_key": self.device_key,
-                "distance": self.distance, "neighbor_key": self.neighbor_key, "trials": self.trials}
-
-    @classmethod
-    def baseline(cls, problem_key: str, device_key: str) -> LookupResult:
-        return cls(strategy=Strategy.baseline(), source="default", speedup=1.0, confidence=None,
-                   record_id=None, measured_at=None, problem_key=problem_key, device_key=device_key,
-                   origin="fallback")
+def _decode(content: bytes, where: str) -> Any:
+    """The JSON ``content`` holds; ClientError for invalid UTF-8 (UnicodeDecodeError, a
+    ValueError) or JSON, or nesting deeper than the parser recurses (RecursionError)."""
+    try:
+        return json.loads(content)
+    except (ValueError, RecursionError) as e:
+        raise ClientError(f"{where}: the answer is not JSON ({type(e).__name__}: {str(e)[:100]})") from None
 
 
 def load_snapshot(path: str | os.PathLike[str]) -> dict[tuple[str, str], LookupResult]:
@@ -122,73 +106,20 @@ def load_snapshot(path: str | os.PathLike[str]) -> dict[tuple[str, str], LookupR
     return out
 
 
-class _DiskCache:
-    """One JSON-lines file per device under ``root``; later lines win; bad lines are skipped."""
-
-    def __init__(self, root: Path) -> None:
-        self.root = root
-        self._loaded: dict[str, dict[str, LookupResult]] = {}
-        self._lock = threading.Lock()
-
-    def _path(self, device_key: str) -> Path:
-        return self.root / f"lookups-{device_key}.jsonl"
-
-    def _device(self, device_key: str) -> dict[str, LookupResult]:
-        table = self._loaded.get(device_key)
-        if table is not None:
-            return table
-        table = {}
-        try:
-            with self._path(device_key).open() as f:
-                for line in f:
-                    try:
-                        r = LookupResult.from_json(json.loads(line), "disk")
-                    except (KeyError, TypeError, ValueError, StrategyError):
-                        continue
-                    table[r.problem_key] = r
-        except OSError:
-            pass
-        self._loaded[device_key] = table
-        return table
-
-    def get(self, device_key: str, problem_key: str) -> LookupResult | None:
-        with self._lock:
-            return self._device(device_key).get(problem_key)
-
-    def put(self, results: Iterable[LookupResult]) -> None:
-        by_device: dict[str, list[LookupResult]] = {}
-        for r in results:
-            by_device.setdefault(r.device_key, []).append(r)
-        with self._lock:
-            for dkey, rs in by_device.items():
-                table = self._device(dkey)
-                new = [r for r in rs if table.get(r.problem_key) != replace(r, origin="disk")]
-                if not new:
-                    continue
-                try:
-                    self.root.mkdir(parents=True, exist_ok=True)
-                    with self._path(dkey).open("a") as f:  # one write of whole lines
-                        f.write("".join(json.dumps(r.to_json()) + "\n" for r in new))
-                except OSError as e:
-                    log.warning("cannot write the lookup cache %s: %s", self._path(dkey), e)
-                    return
-                for r in new:
-                    table[r.problem_key] = replace(r, origin="disk")
-
-
 class Client:
     """Looks up the strategy to use per (problem, device); see the module docs for the order.
 
     ``url``: the service (e.g. ``http://127.0.0.1:8000``); ``token``: a bearer token (needed
     when the service closes reads, and for :meth:`export_snapshot` likewise); ``timeout``:
-    seconds per request; ``cache_dir``: where the on-disk cache lives (none by default);
-    ``offline``: a snapshot file to answer from instead of the service; ``retry_after``:
-    seconds to skip the service after it failed; ``device``: the fingerprint
+    seconds per request (:data:`DEFAULT_TIMEOUT`, above the service's model budget; connecting
+    at most :data:`CONNECT_TIMEOUT` of them); ``cache_dir``: where the on-disk cache lives
+    (none by default); ``offline``: a snapshot file to answer from instead of the service;
+    ``retry_after``: seconds to skip the service after it failed; ``device``: the fingerprint
     :func:`autotuner.collective_einsum` uses (default ``Device.current(topology)``).
-    Thread-safe.
+    Thread-safe; the lock guards the caches' state only, never a request in flight.
     """
 
-    def __init__(self, url: str | None = None, token: str | None = None, timeout: float = 2.0,
+    def __init__(self, url: str | None = None, token: str | None = None, timeout: float = DEFAULT_TIMEOUT,
                  cache_dir: str | os.PathLike[str] | None = None,
                  offline: str | os.PathLike[str] | None = None, *, retry_after: float = 30.0,
                  device: Device | None = None, topology: str | None = None) -> None:
@@ -207,7 +138,7 @@ class Client:
         self._snapshot = load_snapshot(offline) if offline is not None else None
         self.offline = offline
         self._http: httpx.Client | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the caches' and warnings' state, the HTTP client's creation
         self._down_until = 0.0
         self._warned: set[str] = set()
 
@@ -275,15 +206,16 @@ class Client:
         return key
 
     def _remember(self, device: Device, problems: dict[str, Problem], results: Iterable[LookupResult]) -> None:
-        if len(self._memo) > 200_000:  # a bound, far above any program's distinct einsums
-            self._memo.clear()
-            self._cache.clear()
-        for r in results:
-            cached = replace(r, origin="memory")
-            self._cache[(r.device_key, r.problem_key)] = cached
-            p = problems.get(r.problem_key)
-            if p is not None:
-                self._memo[(device, p)] = cached
+        cached = [replace(r, origin="memory") for r in results]
+        with self._lock:
+            if len(self._memo) > 200_000:  # a bound, far above any program's distinct einsums
+                self._memo.clear()
+                self._cache.clear()
+            for r in cached:
+                self._cache[(r.device_key, r.problem_key)] = r
+                p = problems.get(r.problem_key)
+                if p is not None:
+                    self._memo[(device, p)] = r
 
     def _resolve(self, device: Device, dkey: str, ask: dict[str, Problem]) -> dict[str, LookupResult]:
         answers: dict[str, LookupResult] = {}
@@ -306,14 +238,18 @@ class Client:
         return answers
 
     def _client(self) -> httpx.Client:
-        if self._http is None:
-            headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
-            self._http = httpx.Client(base_url=self.url or "", timeout=self.timeout, headers=headers,
-                                      trust_env=False)
-        return self._http
+        """The HTTP client (one, shared by threads: each request on a pooled connection)."""
+        with self._lock:  # while making it, not while it sends
+            if self._http is None:
+                headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
+                timeout = httpx.Timeout(self.timeout, connect=min(self.timeout, CONNECT_TIMEOUT))
+                self._http = httpx.Client(base_url=self.url or "", timeout=timeout, headers=headers,
+                                          trust_env=False)
+            return self._http
 
     def _ask_service(self, device: Device, dkey: str, ask: dict[str, Problem]) -> dict[str, LookupResult] | None:
-        """The service's answers; None (and one warning) when it cannot be reached or fails.
+        """The service's answers; None (and one warning) when it cannot be reached, fails, or
+        answers what does not parse. No lock is held: concurrent lookups, concurrent requests.
 
         A refusal (4xx: e.g. a problem this service version rejects, or a missing read token)
         is final for those problems: they get the baseline, remembered like an answer."""
@@ -322,15 +258,13 @@ class Client:
         keys = list(ask)
         out: dict[str, LookupResult] = {}
         try:
-            with self._lock:
-                http = self._client()
-                for lo in range(0, len(keys), BATCH):
-                    chunk = keys[lo:lo + BATCH]
-                    docs = self._fetch(http, device, dkey, chunk, ask)
-                    for k, doc in zip(chunk, docs, strict=True):
-                        r = LookupResult.from_json(doc, "service")
-                        out[k] = replace(r, problem_key=k, device_key=dkey) if r.problem_key != k else r
-        except (httpx.HTTPError, ClientError, KeyError, TypeError, ValueError, StrategyError) as e:
+            http = self._client()
+            for lo in range(0, len(keys), BATCH):
+                chunk = keys[lo:lo + BATCH]
+                docs = self._fetch(http, device, dkey, chunk, ask)
+                for k, doc in zip(chunk, docs, strict=True):
+                    out[k] = _answer(doc, k, dkey)
+        except (httpx.HTTPError, httpx.InvalidURL, ClientError) as e:
             self._down_until = time.monotonic() + self.retry_after
             self._warn_once("down", f"autotuner service {self.url} cannot answer ({type(e).__name__}: {e}); "
                             f"using cached strategies, else the baseline; retrying every "
@@ -359,8 +293,10 @@ class Client:
 
     def _warn_once(self, kind: str, message: str) -> None:
         """One warning per kind (``down``: per outage; ``refused``: per client)."""
-        if kind not in self._warned:
+        with self._lock:
+            new = kind not in self._warned
             self._warned.add(kind)
+        if new:
             log.warning("%s", message)
 
     @staticmethod
@@ -375,10 +311,10 @@ class Client:
             raise _Refused(resp.status_code, f"POST {path}: {resp.status_code} {resp.text[:200]}")
         if resp.status_code != 200:
             raise ClientError(f"POST {path} answered {resp.status_code}: {resp.text[:200]}")
-        doc = resp.json()
-        docs = [doc] if len(problems) == 1 else doc["results"]
-        if len(docs) != len(problems):
-            raise ClientError(f"the service answered {len(docs)} results for {len(problems)} problems")
+        doc = _decode(resp.content, f"POST {path}")
+        docs = [doc] if len(problems) == 1 else doc.get("results") if isinstance(doc, dict) else None
+        if not isinstance(docs, list) or len(docs) != len(problems):
+            raise ClientError(f"POST {path}: the answer is not {len(problems)} result(s)")
         return docs
 
     # -- the rest ------------------------------------------------------------------------------
@@ -395,12 +331,15 @@ class Client:
             raise ClientError(f"GET /v1/snapshot failed: {type(e).__name__}: {e}") from None
         if resp.status_code != 200:
             raise ClientError(f"GET /v1/snapshot answered {resp.status_code}: {resp.text[:300]}")
-        doc = resp.json()
+        try:
+            doc = snapshot.check(_decode(resp.content, "GET /v1/snapshot"), "GET /v1/snapshot")
+        except snapshot.SnapshotError as e:
+            raise ClientError(str(e)) from None
         target = Path(path)
         tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(doc))
         os.replace(tmp, target)
-        return len(doc.get("entries", []))
+        return len(doc.get("entries") or [])
 
     def clear_cache(self) -> None:
         """Forget the in-process cache (the on-disk cache stays)."""
@@ -408,15 +347,24 @@ class Client:
         self._cache.clear()
 
     def close(self) -> None:
-        if self._http is not None:
-            self._http.close()
-            self._http = None
+        with self._lock:
+            http, self._http = self._http, None
+        if http is not None:
+            http.close()
 
     def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _answer(doc: Any, problem_key: str, device_key: str) -> LookupResult:
+    """The service's answer, filed under the client's keys; ClientError if not an answer."""
+    try:
+        return replace(LookupResult.from_json(doc, "service"), problem_key=problem_key, device_key=device_key)
+    except Exception as e:  # noqa: BLE001 - untrusted JSON: whatever does not parse is no answer
+        raise ClientError(f"an invalid answer ({type(e).__name__}: {str(e)[:200]})") from None
 
 
 _default: Client | None = None

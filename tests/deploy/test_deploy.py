@@ -13,7 +13,10 @@ manifests are parsed, and what they say is checked against the code itself:
 - images are the one built from deploy/Dockerfile; what the Dockerfile COPYs exists, is not
   dockerignored, and is every package pyproject.toml installs;
 - the order of start-up (healthy PostgreSQL, then the migration, then the service, then the
-  worker), fail-fast secrets, non-root users, accelerator requests.
+  worker), fail-fast secrets, non-root users, accelerator requests;
+- no token on any command line (compose, Kubernetes, the image, the README): each comes from the
+  environment variable of its command's --token option, or --token-file; compose publishes the
+  service on loopback unless told otherwise (reads are open while no read token is set).
 
 Every check is a function returning a list of errors, so that ``test_checks_catch_mistakes``
 can apply realistic mistakes to the files in memory and see each check fail.
@@ -55,7 +58,9 @@ IMAGE_NAME = "overlap-autotuner"
 HEALTH_PATH = "/healthz"
 # AUTOTUNER_* names the deploy files use that are not settings: compose variables only,
 # interpolated into a command line (never a container's environment: the code ignores them).
-DEPLOY_ONLY_VARS = {"AUTOTUNER_WORKER_TOKEN": "the tuner worker's --token (docker-compose.yml)"}
+DEPLOY_ONLY_VARS = {"AUTOTUNER_WORKER_TOKEN": "the tuner worker's token (docker-compose.yml)",
+                    "AUTOTUNER_BIND": "the host address compose publishes the service on (docker-compose.yml)"}
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
 # accelerator resource -> the JAX_EXTRA its image must be built with (a prefix of it)
 ACCELERATORS = {"nvidia.com/gpu": "cuda", "google.com/tpu": "tpu"}
 TPU_NODE_SELECTORS = ("cloud.google.com/gke-tpu-accelerator", "cloud.google.com/gke-tpu-topology")
@@ -955,6 +960,25 @@ def _option(argv: list[str], name: str) -> str | None:
     return None
 
 
+def token_envvars(path: list[str]) -> list[str]:
+    """The environment variables the --token option of `autotuner PATH` reads (none: no such option)."""
+    cmd = cli().command(path) if path else None
+    for p in (cmd.params if cmd is not None else []):
+        if "--token" in getattr(p, "opts", ()):
+            env = p.envvar
+            return list(env) if isinstance(env, list | tuple) else [env] if env else []
+    return []
+
+
+def given_token(argv: list[str], env: dict[str, str], d: Deploy) -> str | None:
+    """The token a command line gets: --token's value, else the first of its option's
+    environment variables that ``env`` sets (None: neither; --token-file is not read)."""
+    token = _option(argv, "--token")
+    if token is not None:
+        return token
+    return next((env[name] for name in token_envvars(_cli_path(argv, d)) if name in env), None)
+
+
 def check_compose(d: Deploy) -> list[str]:
     """Healthchecked PostgreSQL; migrate after it is healthy; the service after migrate
     succeeded; the worker after the service is healthy; the DB URL names the compose database;
@@ -1041,9 +1065,10 @@ def check_compose(d: Deploy) -> list[str]:
         for s in serve:
             if u.hostname == s:
                 needs(n, s, "service_healthy")
-                token = _option(argv, "--token")
+                token = given_token(argv, compose_env(services[n]), d)
                 if token not in parse_settings(compose_env(services[s])).write_tokens:
-                    errors.append(f"{COMPOSE}: {n}: its --token is not among {s}'s AUTOTUNER_WRITE_TOKENS")
+                    errors.append(f"{COMPOSE}: {n}: its token ({', '.join(token_envvars(['worker']))}) is not "
+                                  f"among {s}'s AUTOTUNER_WRITE_TOKENS")
         if (services[n].get("healthcheck") or {}).get("disable") is not True and d.last("HEALTHCHECK"):
             errors.append(f"{COMPOSE}: {n}: a worker does not serve /healthz; disable the image's healthcheck")
     for n in migrate:
@@ -1086,16 +1111,74 @@ def check_compose_secrets(d: Deploy) -> list[str]:
                 tokens = getattr(parse_settings({key: interpolate(s_env[key], d.fake_env())}),
                                  settings_fields()[key])
                 errors += [f"{COMPOSE}: {svc}: {key} holds the literal token {t!r}"
-                           for t in tokens if not re.fullmatch(r"<\w+>", t)]
+                           for t in ([tokens] if isinstance(tokens, str) else tokens or [])
+                           if not re.fullmatch(r"<\w+>", t)]
         argv = spec.get("command") or []
-        token = _option(argv if isinstance(argv, list) else shlex.split(argv), "--token")
+        argv = argv if isinstance(argv, list) else shlex.split(argv)
+        token = _option(argv, "--token")
         if token is not None:
             feed(token, f"{svc}: --token")
+        for key in sorted(set(token_envvars(_cli_path(_service_argv(spec, d), d))) & set(s_env)):
+            if key not in secret_settings():  # those are fed above
+                feed(s_env[key], f"{svc}: {key}")
     for name in sorted(secret_vars):
         if not re.search(rf"^\s*(export\s+)?.*\b{name}=", "\n".join(d.readme_blocks), re.M):
             errors.append(f"{README}: does not set {name}, which compose requires")
     if "POSTGRES_PASSWORD" not in secret_vars:
         errors.append(f"{COMPOSE}: POSTGRES_PASSWORD does not come from the environment")
+    return errors
+
+
+def check_compose_bind(d: Deploy) -> list[str]:
+    """With only the required variables set, compose publishes the service on loopback: reads
+    are open while AUTOTUNER_READ_TOKENS is empty. Other hosts are an explicit choice
+    (``"${AUTOTUNER_BIND:-127.0.0.1}:8000:8000"`` with AUTOTUNER_BIND set)."""
+    errors = []
+    required = {r.name: f"<{r.name}>" for r in d.compose_refs if r.op not in (":-", "-")}
+    services = d.compose(required).get("services", {})
+    serving = [n for n, spec in services.items() if our_image(str(spec.get("image", ""))) is not None
+               and _cli_path(_service_argv(spec, d), d) == ["serve"]]
+    if not serving:
+        return [f"{COMPOSE}: no service runs `autotuner serve`"]
+    for n in serving:
+        for p in services[n].get("ports") or []:
+            if isinstance(p, dict):
+                host = str(p.get("host_ip") or "")
+            else:
+                parts = str(p).rsplit(":", 2)
+                host = parts[0] if len(parts) == 3 else ""
+            host = host.strip("[]")
+            if host not in LOOPBACK:
+                errors.append(f"{COMPOSE}: {n}: publishes {p} on {host or 'all interfaces'} by default, with "
+                              "reads open while AUTOTUNER_READ_TOKENS is empty; bind loopback unless told "
+                              'otherwise: "${AUTOTUNER_BIND:-127.0.0.1}:PORT:PORT"')
+    return errors
+
+
+def check_no_token_in_args(d: Deploy) -> list[str]:
+    """No command line carries a token (`ps`, `docker inspect`, pod specs and shell history show
+    argv): not compose's, the manifests', the image's, nor the README's. A command reads it from
+    its --token option's environment variable, or from --token-file."""
+    argvs: list[tuple[str, list[str]]] = []
+    for svc, spec in (d.compose().get("services") or {}).items():
+        if our_image(str(spec.get("image", ""))) is not None:
+            argvs.append((f"{COMPOSE}: {svc}", [str(a) for a in _service_argv(spec, d)]))
+    for c in d.containers:
+        argvs.append((c.where, [str(a) for a in effective_argv(c.spec.get("command"), c.spec.get("args"),
+                                                                d.image_entrypoint, d.image_cmd)]))
+    argvs.append((f"{DOCKERFILE}: ENTRYPOINT + CMD", effective_argv(None, None, d.image_entrypoint, d.image_cmd)))
+    for stage in d.stages:
+        argvs += [(f"{DOCKERFILE}:{i.line}: RUN", ["autotuner", *args])
+                  for i in stage if i.op == "RUN" for args in autotuner_calls(i.rest)]
+    argvs += [(ENTRYPOINT_SCRIPT, ["autotuner", *args]) for args in autotuner_calls(d.texts[ENTRYPOINT_SCRIPT])]
+    argvs += [(README, ["autotuner", *args]) for text in [*d.readme_blocks, *d.readme_inline]
+              for args in autotuner_calls(text)]
+    errors = []
+    for where, argv in argvs:
+        if any(a == "--token" or a.startswith("--token=") for a in argv):
+            env = token_envvars(_cli_path(argv, d)) or ["its --token option's environment variable"]
+            errors.append(f"{where}: passes a token on the command line ({' '.join(argv[:3])} ... --token); "
+                          f"set {' or '.join(env)} in the environment, or use --token-file")
     return errors
 
 
@@ -1274,21 +1357,28 @@ def check_k8s_secrets(d: Deploy) -> list[str]:
         if "AUTOTUNER_WRITE_TOKENS" in data:
             write_tokens |= set(parse_settings({"AUTOTUNER_WRITE_TOKENS": data["AUTOTUNER_WRITE_TOKENS"]}).write_tokens)
     for c in d.containers:
-        argv = [str(a) for a in c.spec.get("args") or []]
-        token = _option(argv, "--token")
-        if token is None:
+        argv = [str(a) for a in effective_argv(c.spec.get("command"), c.spec.get("args"),
+                                                d.image_entrypoint, d.image_cmd)]
+        if _cli_path(argv, d) not in (["tune"], ["worker"]):  # the commands that write
             continue
         env, _ = container_env(c, d)
-        m = re.fullmatch(r"\$\((\w+)\)", token)
-        if not m:
-            errors.append(f"{c.where}: --token {token!r} is written in the manifest; use $(VAR) from a Secret")
-        elif env.get(m[1]) not in write_tokens:
-            errors.append(f"{c.where}: its token ({m[1]}) is not one of the example AUTOTUNER_WRITE_TOKENS")
+        token, name = _option(argv, "--token"), None
+        m = re.fullmatch(r"\$\((\w+)\)", token or "")
+        if token is not None and not m:
+            errors.append(f"{c.where}: --token {token!r} is written in the manifest; use an env var from a Secret")
+            continue
+        if m:
+            name = m[1]
+        else:
+            name = next((n for n in token_envvars(_cli_path(argv, d)) if n in env), None)
+        if name is not None and env.get(name) not in write_tokens:
+            errors.append(f"{c.where}: its token ({name}) is not one of the example AUTOTUNER_WRITE_TOKENS")
     return errors
 
 
 def check_k8s_tuners(d: Deploy) -> list[str]:
-    """The tuner Jobs: `autotuner tune --target local --service ... --token ... --problems FILE`
+    """The tuner Jobs: `autotuner tune --target local --service ... --problems FILE`, the token in
+    the environment (or --token-file),
     with FILE from a ConfigMap whose problems load and fit the accelerators the Job asks for;
     a GPU Job and a GKE TPU Job, each on an image with the matching JAX."""
     from autotuner.problem.files import load_problems
@@ -1300,9 +1390,13 @@ def check_k8s_tuners(d: Deploy) -> list[str]:
     for c in tuners:
         argv = [str(a) for a in effective_argv(c.spec.get("command"), c.spec.get("args"),
                                                 d.image_entrypoint, d.image_cmd)]
-        for opt in ("--service", "--token", "--problems"):
+        for opt in ("--service", "--problems"):
             if _option(argv, opt) is None:
                 errors.append(f"{c.where}: tune without {opt}")
+        env, _ = container_env(c, d)
+        if given_token(argv, env, d) is None and _option(argv, "--token-file") is None:
+            errors.append(f"{c.where}: tune without a token: set {' or '.join(token_envvars(['tune']))} "
+                          "from a Secret (or mount one for --token-file)")
         if _option(argv, "--target") != "local":
             errors.append(f"{c.where}: --target {_option(argv, '--target')}; a Job on an accelerator tunes --target local")
         res = c.spec.get("resources") or {}
@@ -1494,6 +1588,28 @@ def test_compose(deploy: Deploy) -> None:
     _ok(check_compose(deploy))
 
 
+def test_compose_binds_loopback(deploy: Deploy) -> None:
+    _ok(check_compose_bind(deploy))
+    # told otherwise, it binds what it is told
+    env = {**deploy.fake_env(), "AUTOTUNER_BIND": "0.0.0.0"}
+    published = [str(p) for s in deploy.compose(env)["services"].values() for p in s.get("ports") or []]
+    assert published == ["0.0.0.0:8000:8000"]
+
+
+def test_no_token_on_a_command_line(deploy: Deploy) -> None:
+    _ok(check_no_token_in_args(deploy))
+    # and the commands that get one, get it from the environment
+    for svc, spec in deploy.compose().get("services", {}).items():
+        argv = _service_argv(spec, deploy)
+        if our_image(str(spec.get("image", ""))) is not None and token_envvars(_cli_path(argv, deploy)):
+            assert given_token(argv, compose_env(spec), deploy), f"{COMPOSE}: {svc} gets no token"
+    for c in deploy.containers:
+        argv = [str(a) for a in effective_argv(c.spec.get("command"), c.spec.get("args"),
+                                                deploy.image_entrypoint, deploy.image_cmd)]
+        if _cli_path(argv, deploy) in (["tune"], ["worker"]):
+            assert given_token(argv, container_env(c, deploy)[0], deploy), f"{c.where} gets no token"
+
+
 def test_compose_secrets_fail_fast(deploy: Deploy) -> None:
     _ok(check_compose_secrets(deploy))
     for r in deploy.compose_refs:
@@ -1616,7 +1732,8 @@ MISTAKES = [
     ("a secretKeyRef to a missing key", check_k8s_structure,
      ("deploy/k8s/tuner/tune-gpu-job.yaml", "key: AUTOTUNER_SERVICE_TOKEN", "key: token"), "key 'token'"),
     ("$(VAR) not in the environment", check_k8s_structure,
-     ("deploy/k8s/tuner/tune-tpu-job.yaml", "$(AUTOTUNER_SERVICE_TOKEN)", "$(AUTOTUNER_TOKEN)"), "$(AUTOTUNER_TOKEN)"),
+     ("deploy/k8s/tuner/tune-tpu-job.yaml", "- /problems/problems.json", "- $(AUTOTUNER_PROBLEMS)"),
+     "$(AUTOTUNER_PROBLEMS)"),
     ("no runAsNonRoot", check_k8s_security, ("deploy/k8s/30-deployment.yaml", "runAsNonRoot: true", "runAsNonRoot: false"),
      "runAsNonRoot"),
     ("another uid than the image's", check_k8s_security, ("deploy/k8s/20-migrate-job.yaml", "runAsUser: 10001", "runAsUser: 1000"),
@@ -1645,8 +1762,8 @@ MISTAKES = [
       "image: overlap-autotuner:0.2.0\n          imagePullPolicy: IfNotPresent\n          command: [\"autotuner\"]"),
      "no README command builds"),
     ("a README image nobody builds", check_images,
-     (README, "AUTOTUNER_WRITE_TOKENS=$AUTOTUNER_WRITE_TOKENS overlap-autotuner:0.1.0",
-      "AUTOTUNER_WRITE_TOKENS=$AUTOTUNER_WRITE_TOKENS overlap-autotuner:latest"), "not overlap-autotuner:VERSION"),
+     (README, "-e AUTOTUNER_READ_TOKENS overlap-autotuner:0.1.0", "-e AUTOTUNER_READ_TOKENS overlap-autotuner:latest"),
+     "not overlap-autotuner:VERSION"),
     ("a typo'd variable in the README", check_env_names,
      (README, "`AUTOTUNER_LOOKUP_CACHE_SECONDS`", "`AUTOTUNER_LOOKUP_CACHE_SECS`"), "AUTOTUNER_LOOKUP_CACHE_SECS"),
     ("a README command with a missing file", check_readme,
@@ -1654,6 +1771,30 @@ MISTAKES = [
      "does not exist"),
     ("a README secret with other keys", check_readme,
      (README, "--from-literal=AUTOTUNER_SERVICE_TOKEN=", "--from-literal=AUTOTUNER_TOKEN="), "gets ['AUTOTUNER_TOKEN']"),
+    ("compose publishing on all interfaces", check_compose_bind,
+     (COMPOSE, '"${AUTOTUNER_BIND:-127.0.0.1}:8000:8000"', '"8000:8000"'), "on all interfaces by default"),
+    ("compose binding 0.0.0.0 by default", check_compose_bind,
+     (COMPOSE, "${AUTOTUNER_BIND:-127.0.0.1}", "${AUTOTUNER_BIND:-0.0.0.0}"), "on 0.0.0.0 by default"),
+    ("a token on the worker's command line", check_no_token_in_args,
+     (COMPOSE, "      - --target\n      - inproc:4",
+      "      - --token\n      - ${AUTOTUNER_WORKER_TOKEN:?set it}\n      - --target\n      - inproc:4"),
+     "passes a token on the command line"),
+    ("a token in a Job's args", check_no_token_in_args,
+     ("deploy/k8s/tuner/tune-gpu-job.yaml", "            - --problems\n",
+      "            - --token\n            - $(AUTOTUNER_SERVICE_TOKEN)\n            - --problems\n"),
+     "set AUTOTUNER_SERVICE_TOKEN in the environment"),
+    ("a token in a README command", check_no_token_in_args,
+     (README, "--service http://autotuner:8000 --problems", '--service http://autotuner:8000 --token "$T" --problems'),
+     "passes a token on the command line"),
+    ("a tuner Job without its token", check_k8s_tuners,
+     ("deploy/k8s/tuner/tune-gpu-job.yaml", "- name: AUTOTUNER_SERVICE_TOKEN", "- name: TUNER_TOKEN"),
+     "tune without a token"),
+    ("the worker's token not a write token", check_compose,
+     (COMPOSE, "AUTOTUNER_WORKER_TOKEN: ${AUTOTUNER_WORKER_TOKEN:?", "AUTOTUNER_WORKER_TOKEN: ${OTHER_TOKEN:?"),
+     "is not among"),
+    ("a worker token with a default", check_compose_secrets,
+     (COMPOSE, "AUTOTUNER_WORKER_TOKEN: ${AUTOTUNER_WORKER_TOKEN:?set AUTOTUNER_WORKER_TOKEN, the tuner worker's write token}",
+      "AUTOTUNER_WORKER_TOKEN: ${AUTOTUNER_WORKER_TOKEN:-devtoken}"), "must be ${AUTOTUNER_WORKER_TOKEN:?message}"),
 ]
 
 
