@@ -14,6 +14,9 @@ all read the same fields the same way. Fields:
   ``AUTOTUNER_NEAREST_MAX_DISTANCE`` (2): lookups (a service process keeps an answer until a
   winner it depends on changes, which it learns within the poll interval, or at most that long).
 - ``AUTOTUNER_SERVICE_URL`` / ``AUTOTUNER_SERVICE_TOKEN``: the service clients ask by default.
+- ``AUTOTUNER_PARSE_MEMO_ENTRIES`` / ``_BYTES``, ``AUTOTUNER_LOOKUP_CACHE_ENTRIES`` / ``_BYTES``,
+  ``AUTOTUNER_NEAREST_MAX_GROUPS`` / ``_BYTES``, ``AUTOTUNER_DEMAND_MAX_ROWS`` / ``_PENDING``:
+  what a service process keeps in memory and in the demand table (README "Limits and bounds").
 """
 
 from __future__ import annotations
@@ -124,6 +127,21 @@ class Settings(BaseSettings):
     nearest_max_distance: float = Field(default=2.0, ge=0)
     # per request: how long the cost model may predict for untuned shapes (the rest: default)
     model_budget_seconds: float = Field(default=2.0, ge=0)
+    # service: what a process keeps (README "Limits and bounds"); bytes are estimated
+    parse_memo_entries: int = Field(default=16_384, ge=0,
+                                    description="Parsed request objects remembered, per memo table.")
+    parse_memo_bytes: int = Field(default=32 * 2**20, ge=0,
+                                  description="Bytes of parsed request objects remembered, per memo table.")
+    lookup_cache_entries: int = Field(default=200_000, ge=0, description="Lookup answers cached.")
+    lookup_cache_bytes: int = Field(default=256 * 2**20, ge=0, description="Bytes of lookup answers cached.")
+    nearest_max_groups: int = Field(default=4096, ge=0,
+                                    description="(device, pattern, dtype, mesh size) groups the nearest index holds.")
+    nearest_max_bytes: int = Field(default=256 * 2**20, ge=0,
+                                   description="Bytes of the nearest index's groups.")
+    demand_max_rows: int = Field(default=100_000, gt=0,
+                                 description="Rows of the demand table (the least missed go first).")
+    demand_max_pending: int = Field(default=10_000, gt=0,
+                                    description="(device, problem) misses buffered between demand writes.")
     # client (autotuner.runtime.client.default_client): the service a training job asks
     service_url: str | None = None
     service_token: str | None = Field(default=None, repr=False)

@@ -11,7 +11,7 @@ from typing import Any
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from db.fields import Spec
+from db.fields import INT_MAX, Spec
 
 MAX_PAGE = 1000
 
@@ -111,7 +111,8 @@ def named_lock(s: Session, name: str) -> None:
 
 def check_value(spec: Spec, value: Any, name: str) -> Any:
     """``value`` for the field ``spec`` (named ``name`` in errors), or ValueError: text within
-    its length, numbers finite and >= 0 (integers >= their minimum, :func:`~db.fields.signed`
+    its length, numbers finite and >= 0 (integers >= their minimum and at most
+    :data:`~db.fields.INT_MAX`, :func:`~db.fields.signed`
     ones any sign), flags as bools, JSON objects as dicts, lists of such numbers or objects as
     lists."""
     if value is None and spec.optional:
@@ -128,6 +129,8 @@ def check_value(spec: Spec, value: Any, name: str) -> Any:
         minimum = spec.minimum if spec.minimum is not None else 0
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             raise ValueError(f"{name} must be an integer >= {minimum}, not {value!r}")
+        if value > INT_MAX:
+            raise ValueError(f"{name} must be an integer <= {INT_MAX} (the range of its column)")
         return value
     if spec.kind is dict:
         return json_object(value, name)

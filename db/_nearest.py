@@ -16,8 +16,15 @@ from sqlalchemy.orm import Session
 from db._catalog import EXTENTS, log_feature
 from db._common import check_page, finite
 from db._convert import problem_record, winner_record
+from db.fields import INT_MAX
 from db.models import Device, Problem, Winner
 from db.records import Neighbor
+
+
+def _storable(mesh_size: int) -> bool:
+    """Whether a stored problem can have this mesh size (one outside the column's range cannot,
+    and SQLite cannot even compare it)."""
+    return not isinstance(mesh_size, int) or abs(mesh_size) <= INT_MAX
 
 
 def nearest_winners(
@@ -46,6 +53,8 @@ def nearest_winners(
     the problems in the ball are read (not every problem of a large group).
     """
     check_page(0, limit)
+    if not _storable(mesh_size):
+        return []
     device_id = s.execute(select(Device.id).where(Device.key == device_key)).scalar_one_or_none()
     if device_id is None:
         return []
@@ -111,6 +120,8 @@ def tuned_group(
     mesh size) group that has a winner on this device, by problem id: what an in-memory
     nearest-shape index of the group holds (the service's :mod:`service.nearest`). One query,
     served by the (pattern, dtype, mesh_size, ...) index and the winners' unique index."""
+    if not _storable(mesh_size):
+        return []
     p, w = Problem.__table__.c, Winner.__table__.c  # Core: plain rows, no ORM layer (8k rows)
     device_id = select(Device.__table__.c.id).where(Device.__table__.c.key == device_key).scalar_subquery()
     stmt = (

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, func, or_, select, text, update
+from sqlalchemy import and_, case, delete, func, or_, select, text, update
 from sqlalchemy.orm import Session
 
 from db._common import (
@@ -20,7 +20,7 @@ from db._common import (
 )
 from db._convert import demand_record, job_record
 from db.errors import LeaseError, NotFoundError, StorageError
-from db.fields import fields_of
+from db.fields import INT_MAX, fields_of
 from db.models import Demand, Device, Problem, TuningJob, Winner
 from db.records import DemandRecord, JobRecord, Page
 
@@ -244,6 +244,11 @@ def list_jobs(
 # --------------------------------------------------------------------------- demand
 
 
+def _add(count: Any, more: Any) -> Any:
+    """``count + more``, at most INT_MAX (the column's range): a count saturates."""
+    return case((count > INT_MAX - more, INT_MAX), else_=count + more)
+
+
 def record_miss(
     s: Session,
     device_key: str,
@@ -260,7 +265,7 @@ def record_miss(
     stmt = insert(s, Demand).values(**values, count=1, first_seen=ts, last_seen=ts)
     stmt = stmt.on_conflict_do_update(
         index_elements=["device_key", "problem_key"],
-        set_={"count": Demand.count + 1, "last_seen": stmt.excluded.last_seen},
+        set_={"count": _add(Demand.count, 1), "last_seen": stmt.excluded.last_seen},
     )
     s.execute(stmt)
     row = s.execute(
@@ -284,6 +289,7 @@ def record_misses(
     for device_key, device_json, problem_key, canonical, count in misses:
         if not isinstance(count, int) or isinstance(count, bool) or count < 1:
             raise ValueError(f"count must be an integer >= 1, not {count!r}")
+        count = min(count, INT_MAX)
         values = check_values(_MISSED, {"device_key": device_key, "device": device_json,
                                         "problem_key": problem_key, "problem": canonical})
         rows.append({**values, "count": count, "first_seen": ts, "last_seen": ts})
@@ -293,10 +299,25 @@ def record_misses(
     stmt = insert(s, table)
     stmt = stmt.on_conflict_do_update(  # Core, one statement executed for every row
         index_elements=["device_key", "problem_key"],
-        set_={"count": table.c.count + stmt.excluded.count, "last_seen": stmt.excluded.last_seen},
+        set_={"count": _add(table.c.count, stmt.excluded.count), "last_seen": stmt.excluded.last_seen},
     )
     s.connection().execute(stmt, rows)
     return sum(r["count"] for r in rows)
+
+
+def trim_demand(s: Session, max_rows: int) -> int:
+    """Keep the demand table within ``max_rows`` rows: once it holds more, delete the least
+    missed (then the least recently missed) down to 90% of ``max_rows``, so that a flood of
+    distinct misses costs one such delete per ``max_rows / 10`` new rows. Returns how many
+    rows were deleted."""
+    if not isinstance(max_rows, int) or max_rows < 1:
+        raise ValueError(f"max_rows must be an integer >= 1, not {max_rows!r}")
+    total = s.scalar(select(func.count()).select_from(Demand)) or 0
+    if total <= max_rows:
+        return 0
+    excess = total - (max_rows - max_rows // 10)
+    victims = select(Demand.id).order_by(Demand.count, Demand.last_seen, Demand.id).limit(excess)
+    return s.execute(delete(Demand).where(Demand.id.in_(victims))).rowcount or 0
 
 
 def list_demand(

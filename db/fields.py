@@ -19,11 +19,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-__all__ = ["KEY_LEN", "LONG_TEXT", "Spec", "at_least", "fields_of", "joined", "long_text",
+__all__ = ["INT_MAX", "KEY_LEN", "LONG_TEXT", "Spec", "at_least", "fields_of", "joined", "long_text",
            "signed", "specs", "text"]
 
 KEY_LEN = 128  # device and problem keys
 LONG_TEXT = 100_000  # free text: a failure's reason, a job's error
+INT_MAX = 2**31 - 1  # the largest integer column (INTEGER: 32-bit on PostgreSQL) holds
 
 
 def text(max_len: int) -> Any:

@@ -48,6 +48,7 @@ from db._queue import (
     list_jobs,
     record_miss,
     record_misses,
+    trim_demand,
 )
 from db._results import (
     get_winner,
@@ -108,6 +109,7 @@ __all__ = [
     "record_model_bench",
     "record_miss",
     "record_misses",
+    "trim_demand",
     "recompute_winner",
     "revoke_token",
     "token_hash",

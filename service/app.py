@@ -26,7 +26,7 @@ from service.deps import ServiceState
 from service.fastpath import LookupFastPath
 from service.fields import ParseMemo, ParseMemoMiddleware
 from service.limits import BodyLimitMiddleware
-from service.lookups import LookupEngine
+from service.lookups import DemandRecorder, LookupEngine
 from service.metrics import Metrics, MetricsMiddleware
 from service.model import ModelFn
 from service.routes import ROUTERS
@@ -76,15 +76,20 @@ def create_app(settings: Settings | None = None, *, database: Database | None = 
     own_db = database is None
     db = database if database is not None else Database(settings.db_url)
     metrics = Metrics()
-    parse_memo = ParseMemo()
+    parse_memo = ParseMemo(settings.parse_memo_entries, settings.parse_memo_bytes)
     if model is None:
         from autotuner.costmodel import model_answer  # pure Python: no JAX at import
 
         model = model_answer(db)
+    demand = DemandRecorder(db, max_rows=settings.demand_max_rows,
+                            max_pending=settings.demand_max_pending)
     lookups = LookupEngine(db, metrics, cache_seconds=settings.lookup_cache_seconds,
                            nearest_max_distance=settings.nearest_max_distance, model=model,
-                           model_budget_seconds=settings.model_budget_seconds,
-                           parse_memo=parse_memo)
+                           model_budget_seconds=settings.model_budget_seconds, demand=demand,
+                           parse_memo=parse_memo, cache_entries=settings.lookup_cache_entries,
+                           cache_bytes=settings.lookup_cache_bytes,
+                           nearest_max_groups=settings.nearest_max_groups,
+                           nearest_max_bytes=settings.nearest_max_bytes)
     watcher = ChangeWatcher(db, lookups.invalidate, interval=settings.lookup_poll_seconds)
     from service import dashboard  # the HTML pages at / (not in the OpenAPI schema)
 
@@ -118,6 +123,7 @@ def create_app(settings: Settings | None = None, *, database: Database | None = 
     for router in ROUTERS:
         app.include_router(router)
     app.include_router(dashboard.router)
+    app.add_middleware(errors.InternalErrorMiddleware)  # innermost: a bug is that request's 500
     app.add_middleware(ParseMemoMiddleware, memo=parse_memo)
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=metrics)  # outermost: counts the 413s too

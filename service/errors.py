@@ -3,11 +3,20 @@
 Nothing outside :mod:`service` raises ``HTTPException``: the repository and the domain types
 raise their own errors and this table decides the status. Messages of storage errors are
 shown without statement parameters (``db.session.translate_error`` already drops them).
+
+Any other exception is a bug: :class:`InternalErrorMiddleware` answers that request alone a
+JSON 500 carrying a request id (the client's ``X-Request-Id`` if it sent a plain one, else a
+new one; also in the response's ``X-Request-Id``) and logs one line with that id. The
+traceback is logged the first time an error of that type is raised at that place in this
+process, not once per request.
 """
 
 from __future__ import annotations
 
 import logging
+import re
+import traceback
+import uuid
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -15,6 +24,7 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from autotuner import DeviceError, ProblemError, StrategyError
 from db import DuplicateError, LeaseError, NotFoundError, SchemaError, StorageError
@@ -96,3 +106,53 @@ def invalid(loc: list[Any], message: str, value: Any = None) -> RequestValidatio
     """A 422 naming ``loc`` (for checks a route makes itself, e.g. the batch size)."""
     return RequestValidationError([{"type": "value_error", "loc": tuple(loc), "msg": message,
                                     "input": value}])
+
+
+_REQUEST_ID = re.compile(rb"[A-Za-z0-9._:-]{1,64}")
+_SEEN_MAX = 256  # error sites whose traceback was logged (then only one line each)
+
+
+class InternalErrorMiddleware:
+    """Pure ASGI middleware: an unexpected exception below it is a JSON 500 for that request
+    alone, logged once (module docs); nothing is re-raised to the server."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self._seen: set[tuple[str, str, int]] = set()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def watch(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watch)
+        except Exception as exc:  # noqa: BLE001 - a bug: answered and logged here, once
+            rid = request_id(scope)
+            self._log(rid, scope, exc)
+            if not started:
+                await JSONResponse({"detail": f"internal error (request id {rid})", "request_id": rid},
+                                   status_code=500, headers={"x-request-id": rid})(scope, receive, send)
+
+    def _log(self, rid: str, scope: Scope, exc: Exception) -> None:
+        where = traceback.extract_tb(exc.__traceback__)[-1:]
+        site = (type(exc).__name__, *((where[0].filename, where[0].lineno or 0) if where else ("", 0)))
+        first = site not in self._seen and len(self._seen) < _SEEN_MAX
+        if first:
+            self._seen.add(site)
+        log.error("request %s: %s %s failed: %s: %s", rid, scope.get("method"), scope.get("path"),
+                  type(exc).__name__, str(exc)[:500], exc_info=exc if first else None)
+
+
+def request_id(scope: Scope) -> str:
+    """The request's ``X-Request-Id`` if it is a plain token of at most 64 characters, else new."""
+    for name, value in scope.get("headers", ()):
+        if name == b"x-request-id" and _REQUEST_ID.fullmatch(value):
+            return value.decode("ascii")
+    return uuid.uuid4().hex[:16]

@@ -6,10 +6,13 @@ dependency solving, validating the request model around the domain objects, the 
 model. The app (:class:`service.app.ServiceApp`) hands these two routes to
 :class:`LookupFastPath` first, which answers well-formed lookups itself:
 
-- the body is read once and remembered by its bytes with what it parses to (device,
-  problems, their keys): a body seen before is neither parsed nor validated nor keyed again;
-- a new body is parsed once (``json.loads``) and its device and problems validated by the
-  same domain parsers the routes use (:mod:`service.fields`), and keyed once;
+- the body is read once and parsed (``json.loads``); what it parses to (device, problems,
+  their keys) is remembered by the parsed body's compact JSON text, so a body seen before -
+  however it was laid out or padded - is neither validated nor keyed again. The memo holds at
+  most ``AUTOTUNER_PARSE_MEMO_ENTRIES`` single bodies (:data:`BATCH_MEMO_MAX` batch bodies)
+  and ``AUTOTUNER_PARSE_MEMO_BYTES`` (estimated) each, the least recently used going first;
+- a new body's device and problems are validated by the same domain parsers the routes use
+  (:mod:`service.fields`, input limits included), and keyed once;
 - the answers come from the lookup engine with those keys, as the JSON cached with them,
   and are sent as is; the request is counted in the metrics under its route.
 
@@ -33,14 +36,14 @@ from starlette.types import Message, Receive, Scope, Send
 
 from autotuner import Device, Problem
 from service import auth
+from service.bounded import BoundedDict, estimate
 from service.fields import _validate_device, _validate_problem
 
 SINGLE = "/v1/lookup"
 BATCH = "/v1/lookup/batch"
 PATHS = (SINGLE, BATCH)
 PROCESS_HEADER = b"x-autotuner-process"
-MEMO_MAX = 65_536  # single-lookup bodies remembered (then it starts afresh)
-BATCH_MEMO_MAX = 256
+BATCH_MEMO_MAX = 256  # batch bodies remembered (at most)
 
 ASGI = Callable[[Scope, Receive, Send], Awaitable[None]]
 # what a body parses to: the device, the problems, the device's key, the problems' keys
@@ -58,8 +61,11 @@ class LookupFastPath:
     def __init__(self, app: ASGI, state: Any) -> None:
         self.app = app
         self.state = state
-        self._memo: dict[bytes, Parsed] = {}
-        self._batch_memo: dict[bytes, Parsed] = {}
+        settings = state.settings
+        entries, nbytes = settings.parse_memo_entries, settings.parse_memo_bytes
+        self._memo: BoundedDict[str, Parsed] = BoundedDict(entries, nbytes, lru=True)
+        self._batch_memo: BoundedDict[str, Parsed] = BoundedDict(min(entries, BATCH_MEMO_MAX), nbytes,
+                                                                 lru=True)
         self._pid = b"%d" % os.getpid()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -98,13 +104,14 @@ class LookupFastPath:
         self.state.metrics.observe("POST", path, 200, time.perf_counter() - start)
 
     def _parse(self, path: str, body: bytes) -> Parsed | None:
-        memo = self._memo if path == SINGLE else self._batch_memo
-        hit = memo.get(body)
-        if hit is not None:
-            return hit
         req = json.loads(body, parse_constant=_no_constants)
         if not isinstance(req, dict):
             return None
+        memo = self._memo if path == SINGLE else self._batch_memo
+        text = json.dumps(req, separators=(",", ":"))  # the memo's key: the body as parsed
+        hit = memo.get(text)
+        if hit is not None:
+            return hit
         try:
             if path == SINGLE:
                 if req.keys() != {"device", "problem"}:
@@ -121,9 +128,7 @@ class LookupFastPath:
             return None
         keys = self.state.parse_memo.key
         parsed = (device, problems, keys(device), [keys(p) for p in problems])
-        if len(memo) >= (MEMO_MAX if path == SINGLE else BATCH_MEMO_MAX):
-            memo.clear()
-        memo[body] = parsed
+        memo.put(text, parsed, estimate(len(text)))
         return parsed
 
     async def _answer(self, path: str, body: bytes, token: bytes | None) -> bytes | None:

@@ -8,11 +8,22 @@ whose ``ctx.path`` is the offending part (e.g. ``lhs.spec[1]``); the service's 4
 appends it to ``loc`` (see :mod:`service.errors`). The JSON schemas below only document the
 shapes for OpenAPI; they validate nothing the domain code does not.
 
+Before the domain code sees a problem or a device, :func:`check_problem_input` and
+:func:`check_device_input` hold every value a request can carry to the limits below (README
+"Limits and bounds"), so that nothing larger is parsed, echoed in an error, kept or stored:
+an equation of at most 256 characters (the ``problems.equation`` column), at most
+:data:`MAX_MESH_AXES` mesh axes named in at most :data:`MAX_AXIS_NAME` characters, a dtype
+of at most 32 characters (then one of ``autotuner.DTYPES`` or an alias), every size (a
+dimension, a mesh axis, a device count) in 1..``db.fields.INT_MAX`` (the integer columns'
+range on PostgreSQL), an operand of fewer than 2**63 elements, device texts within their
+columns. A value outside them is a ``problem_invalid`` / ``device_invalid`` error naming it.
+
 A compiler sends the same shapes again and again: each app parses through its own
 :class:`ParseMemo` (``ServiceState.parse_memo``), which keeps the parsed objects by the JSON
-text of the raw input, and their keys. Its :class:`ParseMemoMiddleware` makes it the memo of
-the requests to that app (a context variable, set per request); outside a request, parsing is
-not memoised.
+text of the parsed input (whitespace and the body's layout play no part), and their keys,
+within ``AUTOTUNER_PARSE_MEMO_ENTRIES`` / ``AUTOTUNER_PARSE_MEMO_BYTES`` per table (the oldest
+go first). Its :class:`ParseMemoMiddleware` makes it the memo of the requests to that app (a
+context variable, set per request); outside a request, parsing is not memoised.
 """
 
 from __future__ import annotations
@@ -30,6 +41,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from autotuner import Device, DeviceError, Problem, ProblemError, Strategy, StrategyError
 from autotuner.problem import GroupedProblem, problem_from_dict
+from autotuner.problem.core import MAX_RANK
+from autotuner.problem.grouped import MAX_EINSUMS
+from db import DeviceRecord, ProblemRecord
+from db.fields import INT_MAX, fields_of
+from service.bounded import BoundedDict, estimate
 
 __all__ = [
     "DEVICE_SCHEMA",
@@ -42,7 +58,9 @@ __all__ = [
     "ProblemField",
     "StrategyField",
     "Text",
+    "check_device_input",
     "check_json",
+    "check_problem_input",
     "check_text",
     "field_path",
     "parse_device",
@@ -50,7 +68,71 @@ __all__ = [
     "parse_strategy",
 ]
 
-MEMO_MAX = 65_536
+MEMO_ENTRIES = 16_384  # the defaults of AUTOTUNER_PARSE_MEMO_ENTRIES / _BYTES
+MEMO_BYTES = 32 * 2**20
+
+# -- input limits (README "Limits and bounds") -----------------------------------------------------
+
+MAX_EQUATION = fields_of(ProblemRecord, ("equation",))["equation"].max_len or 256
+MAX_MESH_AXES = 16
+MAX_AXIS_NAME = 64
+MAX_DTYPE = 32
+MAX_ELEMENTS = 2**63 - 1  # of one operand: its element count is an int64 everywhere
+DEVICE_TEXT = {name: spec.max_len or 0 for name, spec in fields_of(DeviceRecord).items()
+               if spec.kind is str and not spec.joined and name != "key"}
+DEVICE_SIZES = ("num_devices", "num_processes")
+
+
+def _size(value: Any, field_: str, error: type[ProblemError] | type[DeviceError]) -> None:
+    if isinstance(value, int) and not isinstance(value, bool) and value > INT_MAX:
+        raise error(field_, f"must be at most {INT_MAX}")
+
+
+def check_problem_input(value: Any, where: str = "") -> None:
+    """Raise ProblemError naming the field of the first value of a problem's JSON (a grouped
+    problem's too) outside the input limits (module docs); the domain parser checks the rest."""
+    if not isinstance(value, dict):
+        return
+    if "einsums" in value:  # a grouped problem (autotuner.problem.problem_from_dict)
+        items = value["einsums"]
+        for i, item in enumerate(items[: MAX_EINSUMS + 1] if isinstance(items, list) else ()):
+            check_problem_input(item, f"{where}einsums[{i}].")
+        return
+    eq = value.get("equation")
+    if isinstance(eq, str) and len(eq) > MAX_EQUATION:
+        raise ProblemError(f"{where}equation", f"is {len(eq)} characters long; at most {MAX_EQUATION}")
+    mesh = value.get("mesh")
+    if isinstance(mesh, dict):
+        if len(mesh) > MAX_MESH_AXES:
+            raise ProblemError(f"{where}mesh", f"has {len(mesh)} axes; at most {MAX_MESH_AXES}")
+        for name, size in mesh.items():
+            if isinstance(name, str) and len(name) > MAX_AXIS_NAME:
+                raise ProblemError(f"{where}mesh", f"an axis name is {len(name)} characters long; "
+                                                   f"at most {MAX_AXIS_NAME}")
+            _size(size, f"{where}mesh.{name}", ProblemError)
+    for operand in ("lhs", "rhs"):
+        shape = value.get(operand, {}).get("shape") if isinstance(value.get(operand), dict) else None
+        if isinstance(shape, list) and len(shape) <= MAX_RANK:
+            for i, d in enumerate(shape):
+                _size(d, f"{where}{operand}.shape[{i}]", ProblemError)
+            if all(isinstance(d, int) for d in shape) and math.prod(shape) > MAX_ELEMENTS:
+                raise ProblemError(f"{where}{operand}.shape", f"has more than {MAX_ELEMENTS} elements")
+    dtype = value.get("dtype")
+    if isinstance(dtype, str) and len(dtype) > MAX_DTYPE:
+        raise ProblemError(f"{where}dtype", f"is {len(dtype)} characters long; not a dtype")
+
+
+def check_device_input(value: Any) -> None:
+    """Raise DeviceError naming the first field of a device's JSON outside the input limits:
+    texts longer than their columns, counts over ``INT_MAX``."""
+    if not isinstance(value, dict):
+        return
+    for name, limit in DEVICE_TEXT.items():
+        v = value.get(name)
+        if isinstance(v, str) and len(v) > limit:
+            raise DeviceError(name, f"is {len(v)} characters long; at most {limit}")
+    for name in DEVICE_SIZES:
+        _size(value.get(name), name, DeviceError)
 
 
 def _memo_key(value: Any) -> str | None:
@@ -62,6 +144,7 @@ def _memo_key(value: Any) -> str | None:
 
 
 def _parse_problem(value: Any) -> Problem:
+    check_problem_input(value)
     problem = problem_from_dict(value)   # a grouped problem (an object with `einsums`) too
     try:
         problem.features()  # the numbers the database stores must be representable
@@ -70,21 +153,21 @@ def _parse_problem(value: Any) -> Problem:
     return problem
 
 
+def _parse_device(value: Any) -> Device:
+    check_device_input(value)
+    return Device.from_dict(value)
+
+
 class ParseMemo:
     """Problems and devices parsed from request JSON, by its text, and their keys: one per app.
 
-    Each table holds at most ``max_entries`` and starts afresh when full. Thread-safe enough
-    for its use: a lost entry is parsed again."""
+    Each table holds at most ``max_entries`` entries and ``max_bytes`` bytes (estimated); the
+    oldest go first."""
 
-    def __init__(self, max_entries: int = MEMO_MAX) -> None:
+    def __init__(self, max_entries: int = MEMO_ENTRIES, max_bytes: int = MEMO_BYTES) -> None:
         self.max_entries = max_entries
-        self._parsed: dict[tuple[type, str], Any] = {}
-        self._keys: dict[Problem | Device, str] = {}
-
-    def _remember(self, memo: dict[Any, Any], key: Any, value: Any) -> None:
-        if len(memo) >= self.max_entries:
-            memo.clear()
-        memo[key] = value
+        self._parsed: BoundedDict[tuple[type, str], Any] = BoundedDict(max_entries, max_bytes)
+        self._keys: BoundedDict[Problem | Device, str] = BoundedDict(max_entries, max_bytes)
 
     def _parse(self, kind: type, value: Any, parse: Any) -> Any:
         if isinstance(value, kind):
@@ -95,21 +178,21 @@ class ParseMemo:
         hit = self._parsed.get((kind, mk))
         if hit is None:
             hit = parse(value)
-            self._remember(self._parsed, (kind, mk), hit)
+            self._parsed.put((kind, mk), hit, estimate(len(mk)))
         return hit
 
     def problem(self, value: Any) -> Problem:
         return self._parse(Problem, value, _parse_problem)  # type: ignore[no-any-return]
 
     def device(self, value: Any) -> Device:
-        return self._parse(Device, value, Device.from_dict)  # type: ignore[no-any-return]
+        return self._parse(Device, value, _parse_device)  # type: ignore[no-any-return]
 
     def key(self, obj: Problem | Device) -> str:
         """``obj.key`` (THE canonical key of a problem, a device's fingerprint key)."""
         key = self._keys.get(obj)
         if key is None:
             key = obj.key
-            self._remember(self._keys, obj, key)
+            self._keys.put(obj, key, estimate(len(repr(obj))))
         return key
 
 
@@ -144,7 +227,7 @@ def parse_device(value: Any) -> Device:
     memo = _current.get()
     if memo is not None:
         return memo.device(value)
-    return value if isinstance(value, Device) else Device.from_dict(value)
+    return value if isinstance(value, Device) else _parse_device(value)
 
 
 def parse_strategy(value: Any) -> Strategy:
@@ -236,8 +319,9 @@ def _validate_strategy(value: Any) -> Strategy:
 
 _AXES = {"type": "array", "items": {"type": "string"}}
 _SPEC_ENTRY = {"anyOf": [{"type": "null"}, {"type": "string"}, _AXES]}
-_SPEC = {"type": "array", "items": _SPEC_ENTRY, "maxItems": 12}
-_SHAPE = {"type": "array", "items": {"type": "integer", "minimum": 1}, "minItems": 1, "maxItems": 12}
+_SPEC = {"type": "array", "items": _SPEC_ENTRY, "maxItems": MAX_RANK}
+_SIZE = {"type": "integer", "minimum": 1, "maximum": INT_MAX}
+_SHAPE = {"type": "array", "items": _SIZE, "minItems": 1, "maxItems": MAX_RANK}
 _OPERAND = {
     "type": "object",
     "properties": {"shape": _SHAPE, "spec": _SPEC},
@@ -263,32 +347,26 @@ PROBLEM_SCHEMA: dict[str, Any] = {
                    "{\"einsums\": [Problem, ...]}.",
     "type": "object",
     "properties": {
-        "equation": {"type": "string", "examples": ["bsd,df->bsf"]},
+        "equation": {"type": "string", "maxLength": MAX_EQUATION, "examples": ["bsd,df->bsf"]},
         "lhs": _OPERAND,
         "rhs": _OPERAND,
         "out_spec": _SPEC,
         "dtype": {"type": "string", "enum": ["float32", "bfloat16", "float16"]},
-        "mesh": {"type": "object", "additionalProperties": {"type": "integer", "minimum": 1},
-                 "minProperties": 1},
+        "mesh": {"type": "object", "additionalProperties": _SIZE, "minProperties": 1,
+                 "maxProperties": MAX_MESH_AXES, "propertyNames": {"maxLength": MAX_AXIS_NAME}},
     },
     "required": ["equation", "lhs", "rhs", "dtype", "mesh"],
     "additionalProperties": False,
     "examples": [PROBLEM_EXAMPLE],
 }
 
-_TEXT = {"type": "string", "minLength": 1, "maxLength": 200}
 DEVICE_SCHEMA: dict[str, Any] = {
     "title": "Device",
     "description": "A device fingerprint (autotuner.Device). Validated by Device.from_dict.",
     "type": "object",
     "properties": {
-        "platform": _TEXT,
-        "device_kind": _TEXT,
-        "num_devices": {"type": "integer", "minimum": 1},
-        "num_processes": {"type": "integer", "minimum": 1},
-        "topology": _TEXT,
-        "jax_version": _TEXT,
-        "jaxlib_version": _TEXT,
+        **{name: {"type": "string", "minLength": 1, "maxLength": n} for name, n in DEVICE_TEXT.items()},
+        **{name: _SIZE for name in DEVICE_SIZES},
     },
     "required": ["platform", "device_kind", "num_devices", "num_processes", "topology",
                  "jax_version", "jaxlib_version"],

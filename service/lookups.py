@@ -13,10 +13,17 @@ that arrive while one is running are answered together (:class:`_Coalescer`). An
 kept until a winner they depend on changes (:meth:`LookupEngine.invalidate`, called by
 :class:`service.coherence.ChangeWatcher` within ``settings.lookup_poll_seconds`` of a change
 made by any process; a result posted to this process drops its entries at once), at most
-``settings.lookup_cache_seconds``. Every answer that is
-not ``tuned`` counts one miss: misses are buffered and written by a background thread every
-``DEMAND_FLUSH_SECONDS`` (once the app has started; before that, synchronously), so the
-lookup path never waits for a write; ``GET /v1/demand`` flushes first.
+``settings.lookup_cache_seconds``, and at most ``settings.lookup_cache_entries`` answers and
+``settings.lookup_cache_bytes`` (estimated) in all, the least recently used going first. Every
+answer that is not ``tuned`` counts one miss: misses are buffered (at most
+``settings.demand_max_pending`` distinct ones; more are dropped and counted) and written by a
+background thread every ``DEMAND_FLUSH_SECONDS`` (once the app has started; before that,
+synchronously), so the lookup path never waits for a write; ``GET /v1/demand`` flushes first.
+Each write keeps the demand table within ``settings.demand_max_rows`` rows
+(``repository.trim_demand``: the least missed go).
+
+A request's error is its own: when the lookups coalesced into one round fail, each is resolved
+again alone, so only the requests whose problem fails get the error.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from autotuner import Device, Problem, Strategy, StrategyError
 from autotuner.snapshot import evidence
 from db import Database, StorageError, WinnerRecord
 from db import repository as repo
+from service.bounded import BoundedDict, estimate
 from service.fields import ParseMemo
 from service.metrics import Metrics
 from service.model import ModelFn, as_answer, model_answer
@@ -43,8 +51,12 @@ from service.schemas import Lookup
 log = logging.getLogger("service.lookups")
 
 DEMAND_FLUSH_SECONDS = 0.5
+DEMAND_MAX_ROWS = 100_000  # the defaults of the settings of the same names
+DEMAND_MAX_PENDING = 10_000
 NEIGHBORS = 5
-CACHE_MAX = 200_000
+CACHE_ENTRIES = 200_000
+CACHE_BYTES = 256 * 2**20
+ANSWER_OVERHEAD = 1536  # bytes of a cached answer besides its JSON (the Lookup object, keys)
 BASELINE = Strategy.baseline()
 
 
@@ -77,9 +89,13 @@ def applicable(problem: Problem, strategy: dict[str, Any]) -> Strategy | None:
 class DemandRecorder:
     """Buffers lookup misses and writes them with ``repository.record_miss``."""
 
-    def __init__(self, database: Database, interval: float = DEMAND_FLUSH_SECONDS) -> None:
+    def __init__(self, database: Database, interval: float = DEMAND_FLUSH_SECONDS, *,
+                 max_rows: int = DEMAND_MAX_ROWS, max_pending: int = DEMAND_MAX_PENDING) -> None:
         self.database = database
         self.interval = interval
+        self.max_rows = max_rows
+        self.max_pending = max_pending
+        self.dropped = 0  # misses not counted: the buffer was full
         self._pending: dict[tuple[str, str], list[Any]] = {}
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
@@ -95,10 +111,12 @@ class DemandRecorder:
         with self._lock:
             for pkey, (problem, count) in misses.items():
                 entry = self._pending.get((dkey, pkey))
-                if entry is None:
+                if entry is not None:
+                    entry[0] += count
+                elif len(self._pending) < self.max_pending:
                     self._pending[(dkey, pkey)] = [count, device, problem]
                 else:
-                    entry[0] += count
+                    self.dropped += count
         if not self.running:
             self.flush()
 
@@ -107,6 +125,10 @@ class DemandRecorder:
         with self._flush_lock:
             with self._lock:
                 pending, self._pending = self._pending, {}
+                dropped, self.dropped = self.dropped, 0
+            if dropped:
+                log.warning("dropped %d lookup misses: more than %d distinct ones waited to be "
+                            "written (AUTOTUNER_DEMAND_MAX_PENDING)", dropped, self.max_pending)
             if not pending:
                 return 0
             try:
@@ -114,6 +136,7 @@ class DemandRecorder:
                     repo.record_misses(s, [(dkey, device.to_dict(), pkey, problem.canonical(), count)
                                            for (dkey, pkey), (count, device, problem)
                                            in sorted(pending.items())])
+                    repo.trim_demand(s, self.max_rows)
             except ValueError as e:  # invalid values never become valid: drop them
                 log.warning("dropped %d lookup misses the database refused: %s",
                             sum(v[0] for v in pending.values()), e)
@@ -123,8 +146,11 @@ class DemandRecorder:
                             sum(v[0] for v in pending.values()), e)
                 with self._lock:
                     for k, (count, device, problem) in pending.items():
-                        entry = self._pending.setdefault(k, [0, device, problem])
-                        entry[0] += count
+                        if k in self._pending or len(self._pending) < self.max_pending:
+                            entry = self._pending.setdefault(k, [0, device, problem])
+                            entry[0] += count
+                        else:
+                            self.dropped += count
                 return 0
             return sum(v[0] for v in pending.values())
 
@@ -184,23 +210,30 @@ class _Coalescer:
             while self._pending:
                 pending, self._pending = self._pending, {}
                 for dkey, (device, waiters) in pending.items():
-                    provisional: set[str] = set()
-                    try:
-                        found = await run_in_threadpool(
-                            self._resolve, device, dkey, {k: p for k, (p, _) in waiters.items()},
-                            provisional)
-                    except Exception as e:  # noqa: BLE001 - every waiter gets the error
-                        for _, futs in waiters.values():
-                            for f in futs:
-                                if not f.done():
-                                    f.set_exception(e)
-                        continue
-                    for pkey, (_, futs) in waiters.items():
-                        for f in futs:
-                            if not f.done():
-                                f.set_result((found[pkey], pkey in provisional))
+                    await self._answer(device, dkey, waiters)
         finally:
             self._draining = False
+
+    async def _answer(self, device: Device, dkey: str,
+                      waiters: dict[str, tuple[Problem, list[asyncio.Future[Resolved]]]]) -> None:
+        provisional: set[str] = set()
+        try:
+            found = await run_in_threadpool(
+                self._resolve, device, dkey, {k: p for k, (p, _) in waiters.items()}, provisional)
+        except Exception as e:  # noqa: BLE001 - handed to the waiters of the problem that failed
+            if len(waiters) > 1:  # which one? each alone: the others are answered
+                for pkey, waiter in waiters.items():
+                    await self._answer(device, dkey, {pkey: waiter})
+                return
+            for _, futs in waiters.values():
+                for f in futs:
+                    if not f.done():
+                        f.set_exception(e)
+            return
+        for pkey, (_, futs) in waiters.items():
+            for f in futs:
+                if not f.done():
+                    f.set_result((found[pkey], pkey in provisional))
 
 
 Entry = tuple[float, Lookup, bytes]
@@ -218,7 +251,9 @@ class LookupEngine:
     def __init__(self, database: Database, metrics: Metrics, *, cache_seconds: float = 5.0,
                  nearest_max_distance: float = 2.0, model: ModelFn = model_answer,
                  model_budget_seconds: float = 2.0, demand: DemandRecorder | None = None,
-                 parse_memo: ParseMemo | None = None) -> None:
+                 parse_memo: ParseMemo | None = None, cache_entries: int = CACHE_ENTRIES,
+                 cache_bytes: int = CACHE_BYTES, nearest_max_groups: int = 4096,
+                 nearest_max_bytes: int = 256 * 2**20) -> None:
         self.database = database
         self.metrics = metrics
         self.cache_seconds = cache_seconds
@@ -230,22 +265,21 @@ class LookupEngine:
         self.model_budget_seconds = model_budget_seconds
         self.demand = demand or DemandRecorder(database)
         self.parse_memo = parse_memo or ParseMemo()  # the keys of the problems asked about
-        # tuned answers by (device key, problem key); the others (nearest/model/default, which
-        # a winner stored near them can change) by device key, then problem key
-        # (each entry: expiry, answer, the answer's JSON - serialised once, served as is)
-        self._tuned: dict[tuple[str, str], Entry] = {}
-        self._fallback: dict[str, dict[str, Entry]] = {}
+        # answers by (device key, problem key), tuned or not (nearest/model/default, which a
+        # winner stored near them can change); each entry: expiry, answer, the answer's JSON -
+        # serialised once, served as is
+        self._answers: BoundedDict[tuple[str, str], Entry] = BoundedDict(cache_entries, cache_bytes,
+                                                                          lru=True)
         # +1 whenever answers are dropped: an answer read from the database before a drop is
         # not kept after it (it may predate the change that caused the drop)
         self._epoch = 0
-        self.nearest = NearestIndex(nearest_max_distance, NEIGHBORS, database)
+        self.nearest = NearestIndex(nearest_max_distance, NEIGHBORS, database,
+                                    max_groups=nearest_max_groups, max_bytes=nearest_max_bytes)
         self._coalescer = _Coalescer(self._resolve)
 
     # -- cache ---------------------------------------------------------------------------------
     def _cached(self, dkey: str, pkey: str, now: float) -> Lookup | None:
-        hit = self._tuned.get((dkey, pkey))
-        if hit is None:
-            hit = self._fallback.get(dkey, {}).get(pkey)
+        hit = self._answers.get((dkey, pkey))
         if hit is None or hit[0] < now:
             return None
         return hit[1]
@@ -253,16 +287,9 @@ class LookupEngine:
     def _keep(self, answer: Lookup, now: float) -> None:
         if self.cache_seconds <= 0:
             return
-        entry = (now + self.cache_seconds, answer, to_json(answer))
-        if answer.source == "tuned":
-            if len(self._tuned) >= CACHE_MAX:
-                self._tuned = {}
-            self._tuned[(answer.device_key, answer.problem_key)] = entry
-        else:
-            per_device = self._fallback.setdefault(answer.device_key, {})
-            if len(per_device) >= CACHE_MAX:
-                per_device.clear()
-            per_device[answer.problem_key] = entry
+        body = to_json(answer)
+        self._answers.put((answer.device_key, answer.problem_key), (now + self.cache_seconds, answer, body),
+                          estimate(len(body), 4, ANSWER_OVERHEAD))
 
     def forget(self, dkey: str, pkey: str) -> None:
         """Drop what a new winner of (device, problem) changes (see :meth:`invalidate`)."""
@@ -276,17 +303,15 @@ class LookupEngine:
         (any thread)."""
         self._epoch += 1
         if changes is None:
-            self._tuned, self._fallback = {}, {}
+            self._answers.clear()
             self.nearest.drop()
             return
         self.nearest.changed(changes)
-        for dkey, pkey in changes:
-            self._fallback.pop(dkey, None)
-            if pkey is not None:
-                self._tuned.pop((dkey, pkey), None)
-            else:
-                for k in [k for k in list(self._tuned) if k[0] == dkey]:
-                    self._tuned.pop(k, None)
+        devices = {dkey for dkey, _ in changes}
+        whole = {dkey for dkey, pkey in changes if pkey is None}
+        exact = set(changes)
+        self._answers.discard_if(lambda k, e: k[0] in devices and (
+            k[0] in whole or k in exact or e[1].source != "tuned"))
 
     # -- answers -------------------------------------------------------------------------------
     def _nearest(self, problem: Problem, pkey: str, dkey: str, neighbors: list[tuple[str, float]],
@@ -389,9 +414,7 @@ class LookupEngine:
 
     def json_of(self, answer: Lookup) -> bytes:
         """``answer``'s JSON: the cached bytes when it is the cached answer, else serialised."""
-        entry = self._tuned.get((answer.device_key, answer.problem_key))
-        if entry is None:
-            entry = self._fallback.get(answer.device_key, {}).get(answer.problem_key)
+        entry = self._answers.get((answer.device_key, answer.problem_key))
         if entry is not None and entry[1] is answer:
             return entry[2]
         return to_json(answer)

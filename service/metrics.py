@@ -20,6 +20,7 @@ from prometheus_client import (
 )
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})  # others: "other"
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5,
                    1.0, 2.5, 5.0)
 
@@ -93,4 +94,5 @@ class MetricsMiddleware:
         finally:
             route = scope.get("route")
             path = getattr(route, "path", None) or "unmatched"
-            self.metrics.observe(scope["method"], path, status, time.perf_counter() - start)
+            method = scope["method"] if scope["method"] in METHODS else "other"  # bounded labels
+            self.metrics.observe(method, path, status, time.perf_counter() - start)

@@ -10,6 +10,11 @@ device changes (:meth:`NearestIndex.drop`, called from the engine's invalidation
 are dropped and read again the same way. The answers are the same either way: Euclidean distance over log2 of (m, n, k, b),
 within the maximum distance, the problem itself left out, closest first, ties by lower
 problem id.
+
+The index holds at most ``max_groups`` groups and ``max_bytes`` bytes of them (settings
+``nearest_max_groups`` / ``nearest_max_bytes``): past either, the least recently asked group
+goes (and is read again when asked again). At most ``max_groups`` reads wait at a time; a
+group asked for beyond that is answered by the database search until asked again.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from sqlalchemy.orm import Session
 from autotuner import Problem
 from db import Database
 from db import repository as repo
+from service.bounded import BoundedDict
 
 log = logging.getLogger("service.nearest")
 
@@ -40,6 +46,12 @@ class Group:
     features: np.ndarray  # (n, 4): lm, ln, lk, lb
 
 
+def _nbytes(group: Group) -> int:
+    """About what a group takes in memory: its arrays, its keys (str objects), a fixed overhead."""
+    return 512 + group.ids.nbytes + group.features.nbytes + sum(49 + len(k) for k in group.keys) \
+        + 8 * len(group.keys)
+
+
 def features(problem: Problem) -> np.ndarray:
     f = problem.features()
     return np.array([repo.log_feature(f[e]) for e in ("m", "n", "k", "b")])
@@ -49,11 +61,13 @@ class NearestIndex:
     """``database``: where a background thread reads the groups (None: read them in the asking
     call's session, at once - for tests and one-off use)."""
 
-    def __init__(self, max_distance: float, limit: int = 5, database: Database | None = None) -> None:
+    def __init__(self, max_distance: float, limit: int = 5, database: Database | None = None, *,
+                 max_groups: int = 4096, max_bytes: int = 256 * 2**20) -> None:
         self.max_distance = max_distance
         self.limit = limit
         self.database = database
-        self._groups: dict[GroupKey, Group] = {}
+        self.max_groups = max_groups
+        self._groups: BoundedDict[GroupKey, Group] = BoundedDict(max_groups, max_bytes, lru=True)
         self._lock = threading.Lock()
         # +1 on every drop (all groups / one group): a group read before its drop is not kept
         self._epoch = 0
@@ -73,13 +87,15 @@ class NearestIndex:
         with self._lock:
             if device_key is None and groups is None:
                 self._epoch += 1
-                gone = list(self._groups)
+                gone = self._groups.discard_if(lambda k, g: True)
             else:
-                gone = [k for k in self._groups if k in groups] if groups is not None \
-                    else [k for k in self._groups if k[0] == device_key]
+                gone = self._groups.discard_if(lambda k, g: k in groups) if groups is not None \
+                    else self._groups.discard_if(lambda k, g: k[0] == device_key)
                 for k in (groups if groups is not None else gone):
                     self._dropped[k] = self._dropped.get(k, 0) + 1
-            self._groups = {k: g for k, g in self._groups.items() if k not in gone}
+                if len(self._dropped) > max(self.max_groups, 64):  # keep it bounded: a new epoch
+                    self._epoch += 1  # also makes every read under way stale, as a drop would
+                    self._dropped.clear()
         if self.database is not None:
             for key in gone:
                 self._request(key)
@@ -118,13 +134,13 @@ class NearestIndex:
         with self._lock:
             self.loads += 1
             if version == self._version(key):
-                self._groups[key] = got
+                self._groups.put(key, got, _nbytes(got))
         return got
 
     # -- the background reader -------------------------------------------------------------------
     def _request(self, key: GroupKey) -> None:
         with self._lock:
-            if key in self._queued:
+            if key in self._queued or len(self._queued) >= max(self.max_groups, 1):
                 return
             self._queued.add(key)
             if self._thread is None or not self._thread.is_alive():
