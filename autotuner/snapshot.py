@@ -5,7 +5,8 @@ A snapshot is one JSON object::
 
     {"format": "autotuner-snapshot", "version": 1, "exported_at": TIME,
      "devices": [DEVICE, ...],     # each the device's key and fingerprint (`DEVICE_FIELDS`)
-     "entries": [ENTRY, ...]}      # one stored winner each (`Entry`)
+     "entries": [ENTRY, ...],      # one stored winner each (`Entry`)
+     "evidence": [EVIDENCE, ...]}  # in-program evidence in use (`evidence_json`; optional)
 
 The service serves it (``GET /v1/snapshot``: its response models are derived from `Entry`),
 `autotuner plan/bench-model --db` builds it from the database (`document`), and
@@ -103,10 +104,47 @@ def device_of(item: Any) -> Device:
 
 
 def document(devices: list[dict[str, Any]], entries: list[dict[str, Any]],
-             exported_at: datetime | None = None) -> dict[str, Any]:
-    """A snapshot of `devices` and `entries` (`Entry.to_json`), exported now by default."""
+             exported_at: datetime | None = None, evidence: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """A snapshot of `devices`, `entries` (`Entry.to_json`) and `evidence` (`evidence_json`),
+    exported now by default."""
     return {"format": FORMAT, "version": VERSION, "exported_at": time_json(exported_at or datetime.now(UTC)),
-            "devices": devices, "entries": entries}
+            "devices": devices, "entries": entries, "evidence": evidence or []}
+
+
+EVIDENCE_FIELDS = ("device_key", "program_key", "problem_key", "strategy", "strategy_key", "previous",
+                   "previous_key", "speedup", "confidence", "reps", "measured_at")
+
+
+def evidence_json(rec: Any) -> dict[str, Any]:
+    """One stored in-program evidence (a ``db.EvidenceRecord``, read by attribute) as a snapshot
+    and the service's /v1/evidence list it."""
+    lo, hi = rec.speedup_lo, rec.speedup_hi
+    return {"device_key": rec.device_key, "program_key": rec.program_key, "problem_key": rec.problem_key,
+            "strategy": rec.strategy, "strategy_key": rec.strategy_key, "previous": rec.previous,
+            "previous_key": rec.previous_key, "speedup": rec.speedup,
+            "confidence": [lo, hi] if lo is not None and hi is not None else None, "reps": rec.reps,
+            "measured_at": time_json(rec.created_at)}
+
+
+def evidence_answers(items: Any, device_key: str, program_key: str) -> dict[str, dict[str, Any]]:
+    """The evidence `overlap` reads (problem key -> strategy, previous as Strategies, speedup,
+    confidence) from `evidence_json` items of this device and program; items that do not parse
+    are left out."""
+    from autotuner.strategy import Strategy
+
+    out: dict[str, dict[str, Any]] = {}
+    for e in items if isinstance(items, list) else []:
+        try:
+            if e["device_key"] != device_key or e["program_key"] != program_key:
+                continue
+            sp, ci = e.get("speedup"), e.get("confidence")
+            out[str(e["problem_key"])] = {
+                "strategy": Strategy.from_dict(e["strategy"]), "previous": Strategy.from_dict(e["previous"]),
+                "speedup": float(sp) if isinstance(sp, int | float) else None,
+                "confidence": (float(ci[0]), float(ci[1])) if isinstance(ci, list) and len(ci) == 2 else None}
+        except (KeyError, TypeError, ValueError, IndexError):
+            continue
+    return out
 
 
 def check(doc: Any, where: str) -> dict[str, Any]:

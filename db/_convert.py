@@ -20,6 +20,13 @@ R = TypeVar("R")
 
 
 def _copier(spec: Spec) -> Callable[[Any], Any] | None:
+    c = _copier_of(spec)
+    if c is None or not spec.optional:
+        return c
+    return lambda x: None if x is None else c(x)
+
+
+def _copier_of(spec: Spec) -> Callable[[Any], Any] | None:
     if spec.kind is dict:  # a fresh copy: changing a record never changes the database's row
         return copy.deepcopy
     if spec.kind is tuple:  # a JSON list; its items as the record's type says (objects copied)
@@ -58,6 +65,7 @@ def row_converter(record: type[R]) -> Callable[..., R]:
 calibration_record = row_converter(r.CalibrationRecord)
 demand_record = row_converter(r.DemandRecord)
 device_record = row_converter(r.DeviceRecord)
+evidence_record = row_converter(r.EvidenceRecord)
 failure_record = row_converter(r.FailureRecord)
 job_record = row_converter(r.JobRecord)
 measurement_record = row_converter(r.MeasurementRecord)

@@ -48,6 +48,7 @@ from db.records import (
     CalibrationRecord,
     DemandRecord,
     DeviceRecord,
+    EvidenceRecord,
     FailureRecord,
     JobRecord,
     MeasurementRecord,
@@ -75,6 +76,7 @@ __all__ = [
     "Token",
     "TuningJob",
     "UTCDateTime",
+    "StepEvidence",
     "Winner",
     "WinnerChange",
     "utcnow",
@@ -327,5 +329,15 @@ class ModelBench(Base, record=ModelBenchRecord):
 
     __tablename__ = "model_benches"
     __table_args__ = (Index(None, "device_id", "created_at"), Index(None, "program", "created_at"))
+
+    device_id: Mapped[int] = _parent("devices")
+
+
+class StepEvidence(Base, record=EvidenceRecord):
+    """In-program evidence for one problem's choice (see EvidenceRecord); append-only, the
+    newest row of a (device, program, problem) is in use."""
+
+    __tablename__ = "step_evidence"
+    __table_args__ = (Index(None, "device_id", "program_key", "problem_key", "created_at"),)
 
     device_id: Mapped[int] = _parent("devices")

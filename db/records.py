@@ -26,6 +26,7 @@ __all__ = [
     "CalibrationRecord",
     "DemandRecord",
     "DeviceRecord",
+    "EvidenceRecord",
     "FailureRecord",
     "JobRecord",
     "MeasurementInput",
@@ -320,6 +321,7 @@ class ModelBenchRecord:
     predicted_saved_s: float | None = signed()
     host: str | None = text(256)
     created_at: datetime
+    attribution: tuple[dict[str, Any], ...] | None = None
 
     @property
     def measured_saved_s(self) -> float:
@@ -371,3 +373,36 @@ def measurement_input(source: Any, **given: Any) -> MeasurementInput:
         item[name] = list(value) if isinstance(value, tuple | list) else value
     item["strategy"] = dict(item["strategy"])
     return item  # type: ignore[return-value]
+
+
+@dataclass(frozen=True, slots=True)
+class EvidenceRecord:
+    """What a whole program's step said about one problem's choice on one device
+    (``autotuner tune-model``'s refinement); append-only, the newest row of a (device, program,
+    problem) is the evidence in use.
+
+    ``program_key`` is ``autotuner.overlap.plan.program_key`` of the program it was measured in
+    (its problems and their counts, hashed) and ``program`` what was run (``MODULE:FACTORY`` and
+    its keyword arguments, for people). ``strategy`` is the choice kept, ``previous`` the choice
+    refinement started from (the isolated winner's plan); ``speedup`` is the step with
+    ``previous`` over the step with the best candidate tried, with its 95% interval
+    (``speedup_lo``/``speedup_hi``), over ``reps`` interleaved repetitions (0: nothing to try);
+    ``tried`` each candidate: ``strategy_key``, ``speedup``, ``speedup_lo``, ``speedup_hi``."""
+
+    id: int
+    device_id: int
+    device_key: str = joined()
+    program_key: str = text(64)
+    program: str = text(1024)
+    problem_key: str = text(KEY_LEN)
+    name: str | None = text(512)
+    strategy: dict[str, Any]
+    strategy_key: str = text(256)
+    previous: dict[str, Any]
+    previous_key: str = text(256)
+    speedup: float | None
+    speedup_lo: float | None
+    speedup_hi: float | None
+    reps: int
+    tried: tuple[dict[str, Any], ...]
+    created_at: datetime

@@ -35,6 +35,7 @@ from db._catalog import (
 )
 from db._changes import Changes, changes_since, current_generation, note_change
 from db._common import named_lock
+from db._evidence import get_evidence, list_evidence, record_evidence
 from db._failures import clear_failure, list_failures, record_failure
 from db._listing import SORT_KEYS, list_problems
 from db._nearest import nearest_winners, problem_groups, tuned_group, tuned_groups
@@ -81,6 +82,7 @@ __all__ = [
     "get_calibration",
     "get_device",
     "get_device_by_key",
+    "get_evidence",
     "get_job",
     "get_model_bench",
     "get_problem",
@@ -92,6 +94,7 @@ __all__ = [
     "list_demand",
     "list_failures",
     "list_devices",
+    "list_evidence",
     "list_jobs",
     "list_measurements",
     "list_model_benches",
@@ -103,6 +106,7 @@ __all__ = [
     "log_feature",
     "nearest_winners",
     "optuna_storage_url",
+    "record_evidence",
     "record_failure",
     "problem_groups",
     "record_measurements",

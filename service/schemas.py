@@ -306,6 +306,7 @@ class Snapshot(BaseModel):
     exported_at: datetime
     devices: list[DeviceOut]
     entries: list[SnapshotEntry]
+    evidence: list[dict[str, Any]] = []   # in-program evidence in use (`autotuner.snapshot.evidence_json`)
 
 
 # -- health ----------------------------------------------------------------------------------------

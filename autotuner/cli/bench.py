@@ -66,11 +66,32 @@ def print_report(res: Any, plan: list[dict[str, Any]], out: Any = None) -> None:
                   f"{_ms(measured)} ms\n")
     if res.attribution is not None:
         print_attribution(res, out)
+    if res.profile:
+        print_profile(res.profile, out)
     if not any(r["applied"] for r in plan):
         out.write("no pair is decomposed: overlapped is plain jit (see the plan)\n")
     if res.slower:
         out.write("FLAG: overlapped is slower than plain beyond the interval\n")
     out.flush()
+
+
+def print_profile(prof: dict[str, Any], out: Any) -> None:
+    """Both programs' `StepProfile`s (ms per step, medians): busy with collectives, compute, both
+    at once, neither."""
+    out.write("where the step's time goes (process 0; XLA's thunk timings, median per step, ms; "
+              "both: collectives beside compute; idle: neither):\n")
+    head = ("program", "steps", "step", "collectives", "compute", "both", "idle", "by collective")
+    rows = [head]
+    for name in ("plain", "overlapped"):
+        p = prof.get(name)
+        if not p:
+            continue
+        by = ", ".join(f"{k} {v:.2f}" for k, v in p["by_collective"].items())
+        rows.append((name, str(p["steps"]), f"{p['step_ms']:.2f}", f"{p['collective_ms']:.2f}",
+                     f"{p['compute_ms']:.2f}", f"{p['overlap_ms']:.2f}", f"{p['idle_ms']:.2f}", by))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    for r in rows:
+        out.write("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() + "\n")
 
 
 def print_attribution(res: Any, out: Any) -> None:
@@ -117,6 +138,9 @@ def bench_cmd(
     attribute: Annotated[bool, typer.Option("--attribute", help="also time, interleaved with plain and the "
                                             "plan, the step with each decomposed problem alone and the plan "
                                             "without it: each problem's saving in the program")] = False,
+    profile: Annotated[int, typer.Option("--profile", min=0, help="also run N steps of each program under "
+                                         "jax.profiler with XLA's thunk timings: where the step's time goes "
+                                         "(collectives, compute, both, idle; process 0)")] = 0,
     json_out: Annotated[bool, typer.Option("--json", help="the result as one JSON object on stdout")] = False,
     store: Annotated[bool, typer.Option("--store/--no-store", help="store the result in the --db database "
                                         "(default with --db)")] = True,
@@ -139,13 +163,13 @@ def bench_cmd(
                 tgt, target, fkw, shape, explicit, chosen, dict(db=db, service=service, snapshot=snapshot,
                                                                  device=device), tmp,
                 reps=reps, warmup=warmup, pairs=pairs, pair_reps=pair_reps, memory=bound,
-                attribute=attribute)
+                attribute=attribute, profile=profile)
         else:
             res, plan, notes, error, dev = _bench_here(
                 tgt, target, fkw, shape, explicit, chosen, dict(db=db, service=service, snapshot=snapshot,
                                                                  device=device), tmp,
                 reps=reps, warmup=warmup, pairs=pairs, pair_reps=pair_reps, memory=bound,
-                attribute=attribute)
+                attribute=attribute, profile=profile)
     stored: dict[str, Any] = {}
     if db and store:
         from autotuner.cli.bench_store import bench_values, store_bench
@@ -166,7 +190,7 @@ def bench_cmd(
 
 def _bench_here(tgt: Any, target: str, fkw: dict[str, Any], shape: dict[str, int] | None, explicit: bool,
                 chosen: Any, sources: dict[str, Any], tmp: str, *, reps: int, warmup: int, pairs: bool,
-                pair_reps: int, memory: float | None, attribute: bool = False
+                pair_reps: int, memory: float | None, attribute: bool = False, profile: int = 0
                 ) -> tuple[Any, list[dict[str, Any]], list[str], float, Any]:
     from autotuner.cli.model import Bench, ModelError, load_factory, plan_notes, plan_rows
     from autotuner.cli.plan import mesh_size
@@ -207,4 +231,6 @@ def _bench_here(tgt: Any, target: str, fkw: dict[str, Any], shape: dict[str, int
         if attribute:
             res.attribution = attribution(decomposed_units(bench.plan), plain, ov, variants[0::2],
                                           variants[1::2], res.pairs)
+        if profile:
+            res.profile = bench.profile(profile)
     return res, rows, plan_notes(bench.plan) + bench.variant_notes, error, session.device

@@ -16,7 +16,7 @@ LOAD_TIMEOUT_S = 1800.0
 def bench_on_lab(tgt: Any, target: str, fkw: dict[str, Any], shape: dict[str, int] | None, explicit: bool,
                  chosen: Any, sources: dict[str, Any], tmp: str, *, reps: int, warmup: int, pairs: bool,
                  pair_reps: int, memory: float | None,
-                 attribute: bool = False) -> tuple[Any, list[dict[str, Any]], list[str], float, Any]:
+                 attribute: bool = False, profile: int = 0) -> tuple[Any, list[dict[str, Any]], list[str], float, Any]:
     from autotuner.cli.model import HANDLER
     from autotuner.lab import Lab, LabSpec, LabWorkerError
     from autotuner.measure.lab import LabRunner
@@ -60,6 +60,11 @@ def bench_on_lab(tgt: Any, target: str, fkw: dict[str, Any], shape: dict[str, in
                                 strategy=Strategy.from_dict(r["strategy_dict"])) for r in rows]
         if pairs:
             res.pairs = pair_breakdown(plan, lambda _p: runner, reps=pair_reps, log=say)
+        if profile:
+            got = lab.call({"op": "step_profile", "steps": profile}, LOAD_TIMEOUT_S)
+            if "error" in got:
+                fail(f"the lab could not profile {target}: {got['error']}")
+            res.profile = got
         if attribute:
             v = t["variants"]
             res.attribution = attribution(decomposed_units(plan), t["plain"], t["overlapped"], v[0::2], v[1::2],

@@ -34,7 +34,8 @@ def bench_values(res: Any, *, program: str, kwargs: dict[str, Any], target: str,
             "speedup": d["speedup"], "speedup_lo": d["speedup_lo"], "speedup_hi": d["speedup_hi"],
             "slower": bool(res.slower), "rel_error": _finite(rel_error), "pairs": d["pairs"],
             "comm_s": d["comm_s"], "decomposed_comm_s": d["decomposed_comm_s"],
-            "predicted_saved_s": d["predicted_saved_s"], "host": socket.gethostname()[:256]}
+            "predicted_saved_s": d["predicted_saved_s"], "host": socket.gethostname()[:256],
+            "attribution": d.get("attribution")}
 
 
 def store_bench(url: str, device: Any, values: dict[str, Any]) -> int:

@@ -162,18 +162,35 @@ class Bench:
 
     def _build_variants(self, memory: float | None) -> None:
         from autotuner.measure.steps import decomposed_units
-        from autotuner.overlap import overlap
 
         chosen = {r.key: r.strategy for r in self.plan if r.applied}
-        a, k = self.prog.args, self.prog.kwargs
+        choices, labels = [], []
         for u in decomposed_units(self.plan):
             for kind, keep in (("alone", {u.key}), ("without", set(chosen) - {u.key})):
-                ov = overlap(self.prog.fn, strategy=_Pick({x: chosen[x] for x in keep}), memory=memory)
-                got = {r.key for r in ov.plan(*a, **k) if r.applied}
-                if got != keep:
-                    self.variant_notes.append(f"{u.name} {kind}: the pass applied {len(got)} problem(s), "
-                                              f"not the {len(keep)} asked (see its plan)")
-                self.variants.append(ov)
+                choices.append({x: chosen[x] for x in keep})
+                labels.append(f"{u.name} {kind}")
+        self.set_variants(choices, memory, labels)
+
+    def set_variants(self, choices: list[dict[str, Any]], memory: float | None,
+                     labels: list[str] | None = None) -> list[set[str]]:
+        """The programs to time beside plain and the plan: per choice (problem key -> Strategy;
+        every other problem baseline) the step `overlap` makes of it. Returns each one's applied
+        problem keys; one that differs from its choice's non-baseline keys is noted."""
+        from autotuner.overlap import overlap
+
+        a, k = self.prog.args, self.prog.kwargs
+        self.variants, self.variant_notes, applied = [], [], []
+        for i, choice in enumerate(choices):
+            ov = overlap(self.prog.fn, strategy=_Pick(choice), memory=memory)
+            got = {r.key for r in ov.plan(*a, **k) if r.applied}
+            want = {key for key, st in choice.items() if not st.is_baseline}
+            if got != want:
+                label = labels[i] if labels else f"variant {i + 1}"
+                self.variant_notes.append(f"{label}: the pass applied {len(got)} problem(s), not the "
+                                          f"{len(want)} asked (see its plan)")
+            self.variants.append(ov)
+            applied.append(got)
+        return applied
 
     def thunks(self) -> list[Any]:
         """plain, overlapped, then the attribution's variants (alone_1, without_1, ...)."""
@@ -181,12 +198,34 @@ class Bench:
         return [lambda: self.plain(*a, **k), lambda: self.overlapped(*a, **k),
                 *[(lambda v=v: v(*a, **k)) for v in self.variants]]
 
-    def error(self) -> float:
-        """The worst relative error of the overlapped results (and the variants') against plain jit's."""
+    def profile(self, steps: int, trace: bool = True) -> dict[str, Any]:
+        """Plain and overlapped, each compiled again with XLA's thunk timings on and run `steps`
+        times under the profiler (`measure.profile`); their `StepProfile`s as dicts (None where
+        not traced: `trace=False` only runs them, in lockstep with a process that traces)."""
+        from dataclasses import asdict
+
+        import jax
+
+        from autotuner.measure.profile import COMPILE_OPTIONS, profile_steps
+
+        a, k = self.prog.args, self.prog.kwargs
+        out: dict[str, Any] = {}
+        for name, prog in (("plain", self.plain), ("overlapped", self.overlapped)):
+            compiled = prog.lower(*a, **k).compile(COMPILE_OPTIONS)
+            for _ in range(2):
+                jax.block_until_ready(compiled(*a, **k))
+            got = profile_steps(lambda c=compiled: c(*a, **k), steps, trace=trace)
+            out[name] = asdict(got) if got is not None else None
+        return out
+
+    def error(self, variants_only: bool = False) -> float:
+        """The worst relative error of the overlapped results (and the variants') against plain
+        jit's; `variants_only`: of the variants alone (0.0 when there are none)."""
         from autotuner.measure.steps import rel_error
 
-        plain, *others = (t() for t in self.thunks())
-        return max(rel_error(plain, o) for o in others)
+        plain, ov, *others = (t() for t in self.thunks())
+        errs = [rel_error(plain, o) for o in (others if variants_only else [ov, *others])]
+        return max(errs, default=0.0)
 
 
 class _Pick:
@@ -198,7 +237,8 @@ class _Pick:
     def __call__(self, problem: Any) -> Any:
         from autotuner.strategy import Strategy
 
-        return self.table.get(problem.key, Strategy.baseline())
+        got = self.table.get(problem.key)
+        return got if got is not None else Strategy.baseline()
 
 
 # -- the lab's handler ---------------------------------------------------------------------------
@@ -217,6 +257,18 @@ def handle(request: dict[str, Any], ctx: Any) -> dict[str, Any]:
         plain, ov, *variants = time_steps(bench.thunks(), reps=int(request["reps"]),
                                           warmup=int(request.get("warmup", 2)), sync=CtxSync(ctx))
         return {"plain": plain, "overlapped": ov, "variants": variants}
+    if op == "step_profile":
+        return ctx.state["bench"].profile(int(request["steps"]), trace=ctx.process_id == 0)
+    if op == "step_variants":
+        from autotuner.strategy import Strategy
+
+        bench = ctx.state["bench"]
+        choices = [{k: Strategy.from_dict(v) for k, v in c.items()} for c in request["choices"]]
+        applied = bench.set_variants(choices, request.get("memory", DEFAULT_BOUND))
+        err = bench.error(variants_only=True)
+        errs = ctx.gather_json(err)
+        return {"applied": [sorted(a) for a in applied], "notes": bench.variant_notes,
+                "rel_error": max(errs) if errs else err}
     from autotuner.measure.lab import handle as tuner_handle
 
     return tuner_handle(request, ctx)
@@ -239,5 +291,6 @@ def _step_load(request: dict[str, Any], ctx: Any) -> dict[str, Any]:
     ctx.state["bench"] = bench
     err = bench.error()
     errs = ctx.gather_json(err)
-    return {"plan": plan_rows(bench.plan), "notes": plan_notes(bench.plan) + bench.variant_notes,
+    return {"plan": plan_rows(bench.plan), "program": bench.plan.program,
+            "notes": plan_notes(bench.plan) + bench.variant_notes,
             "rel_error": max(errs) if errs else err}

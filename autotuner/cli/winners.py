@@ -34,8 +34,9 @@ def _from_db(url: str) -> dict[str, Any]:
     with database.session(read_only=True) as s:
         devices = [{k: getattr(d, k) for k in snapshot.DEVICE_FIELDS} for d in repo.list_devices(s)]
         entries = [snapshot.Entry.of(w).to_json() for w in repo.list_winners(s)]
+        evidence = [snapshot.evidence_json(e) for e in repo.list_evidence(s)]
     database.engine.dispose()
-    return snapshot.document(devices, entries)
+    return snapshot.document(devices, entries, evidence=evidence)
 
 
 def _from_service(url: str) -> dict[str, Any]:

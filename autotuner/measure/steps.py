@@ -146,6 +146,7 @@ class StepBench:
     reps: int
     pairs: list[PairTiming] = field(default_factory=list)
     attribution: list[AttributionRow] | None = None
+    profile: dict[str, Any] | None = None   # `bench-model --profile`: {"plain": StepProfile dict, "overlapped": ...}
     plain_samples: list[float] = field(default_factory=list)
     overlapped_samples: list[float] = field(default_factory=list)
 

@@ -73,7 +73,7 @@ from typing import Any
 
 from autotuner.errors import AutotunerError
 from autotuner.overlap.memory import DEFAULT_BOUND, check_bound
-from autotuner.overlap.plan import Memory, Plan, PlanRow, numbered
+from autotuner.overlap.plan import Memory, Plan, PlanRow, numbered, program_key
 from autotuner.strategy import parse_choice
 
 __all__ = ["Overlapped", "OverlapError", "Plan", "PlanRow", "overlap"]
@@ -163,7 +163,7 @@ class Overlapped:
     def plan(self, *args: Any, **kwargs: Any) -> Plan:
         """One row per decomposable pair of the program at these arguments (see `PlanRow`)."""
         got = self._prepare(args, kwargs).plan
-        return Plan(got, got.notes, got.memory)
+        return Plan(got, got.notes, got.memory, got.program)
 
     def lower(self, *args: Any, **kwargs: Any) -> Any:
         """The overlapped program lowered for these arguments (as `jax.jit(...).lower`)."""
@@ -229,6 +229,7 @@ class Overlapped:
         traced: dict[str, Any] = {}
         compiled = None
         plain_temp: int | None = None
+        program, evidence = "", {}
         for n in range(rounds):
             interp = Interpreter(mesh, dict(actions), traced=traced)
             jitted = self._jit(interp)
@@ -251,7 +252,10 @@ class Overlapped:
                             "plain jit", type(e).__name__, e)
                 return _all_plain(plain, rows, notes, "the rewritten program could not be compiled; plain jit")
             notes += [t for t in found.notes if t not in notes]
-            new_actions, new_rows = choose(self.mode, self.chosen, self.client, found.sites, found.rows)
+            if n == 0:
+                program = program_key(found.rows)
+                evidence = _evidence(self.client, program) if self.mode == "auto" else {}
+            new_actions, new_rows = choose(self.mode, self.chosen, self.client, found.sites, found.rows, evidence)
             if n:
                 new_rows = [replace(r, note=(r.note + "; " if r.note else "") + f"found in round {n + 1}")
                             for r in new_rows]
@@ -261,7 +265,7 @@ class Overlapped:
                 break
             actions.update(new_actions)
         if not actions:   # nothing to rewrite: exactly plain jit (compiled on the first call)
-            return _Prepared(plain, Plan(numbered(rows), notes, Memory(plain_temp, plain_temp, self.memory)))
+            return _Prepared(plain, Plan(numbered(rows), notes, Memory(plain_temp, plain_temp, self.memory), program))
         if interp.actions != actions:   # the last round found more: this program is not compiled yet
             interp = Interpreter(mesh, dict(actions), traced=traced)
             jitted, compiled = self._jit(interp), None
@@ -322,8 +326,21 @@ class Overlapped:
             out.append(r)
         static = self.jit_kwargs.get("static_argnums") is not None or self.jit_kwargs.get("static_argnames")
         run = compiled if compiled is not None and not static else jitted
-        return _Prepared(run, Plan(numbered(out), notes, memory=Memory(plain_temp, overlapped_temp, self.memory)),
-                         jitted)
+        return _Prepared(run, Plan(numbered(out), notes, memory=Memory(plain_temp, overlapped_temp, self.memory),
+                                   program=program), jitted)
+
+
+def _evidence(client: Any, program: str) -> dict[str, Any]:
+    """The client's in-program evidence for this program (problem key -> answer); {} where it
+    has none, or no such method, or fails (then the isolated winners decide, as without it)."""
+    get = getattr(client, "evidence", None)
+    if not program or get is None:
+        return {}
+    try:
+        return dict(get(program) or {})
+    except Exception as e:  # noqa: BLE001 - never worse than the isolated winners
+        log.warning("overlap: in-program evidence unavailable (%s: %s)", type(e).__name__, e)
+        return {}
 
 
 def _all_plain(plain: Any, rows: list[PlanRow], notes: list[str], why: str) -> _Prepared:

@@ -49,16 +49,22 @@ def _valid(problem: Problem | GroupedProblem, s: Strategy) -> str | None:
     return None
 
 
-def _decide(mode: str, chosen: Any, client: Any, site: Site
+def _decide(mode: str, chosen: Any, client: Any, site: Site, evidence: dict[str, Any] | None = None
             ) -> tuple[Strategy, str, float | None, str, bool]:
     """(strategy, source, predicted speedup, note, keep) for one site's unit (its group, or its
-    pair); keep: the gathered value has other users, which the ring's kept copy serves."""
+    pair); keep: the gathered value has other users, which the ring's kept copy serves.
+    `evidence`: in-program evidence for this program (problem key -> the client's answer), which
+    `auto` prefers to the isolated winner."""
     from autotuner.runtime.collective import DECISIONS
 
     p = site.unit
     speedup = None
     note = ""
-    if mode == "one":
+    ev = (evidence or {}).get(p.key) if mode == "auto" else None
+    if ev is not None:
+        s, source = ev["strategy"], "in-program"
+        note = in_program_note(ev)
+    elif mode == "one":
         s, source = chosen, "forced"
     elif mode == "callable":
         s, source = _call(chosen, p)
@@ -98,10 +104,19 @@ def _decide(mode: str, chosen: Any, client: Any, site: Site
     return s, source, (speedup if not s.is_baseline else None), note, keep
 
 
-def choose(mode: str, chosen: Any, client: Any, sites: list[Site | None], rows: list[PlanRow]
-           ) -> tuple[dict[str, Action], list[PlanRow]]:
+def in_program_note(ev: dict[str, Any]) -> str:
+    """What a choice resting on in-program evidence says: what was timed in the step, and how."""
+    s, prev = ev["strategy"], ev["previous"]
+    sp, ci = ev.get("speedup"), ev.get("confidence")
+    timed = (f"; the step with {s.key if s != prev else 'the best candidate'} ran {sp:.3f}x"
+             + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "") + f" against {prev.key}") if sp else ""
+    return ("in-program evidence (tune-model): " + (f"changed from {prev.key}" if s != prev else "kept") + timed)
+
+
+def choose(mode: str, chosen: Any, client: Any, sites: list[Site | None], rows: list[PlanRow],
+           evidence: dict[str, Any] | None = None) -> tuple[dict[str, Action], list[PlanRow]]:
     """({tag: Action} to apply, the rows with their choices). The dots of a group get one choice,
-    made for their GroupedProblem."""
+    made for their GroupedProblem. `evidence`: see `_decide`."""
     actions: dict[str, Action] = {}
     out = []
     made: dict[tuple[str, ...], tuple[Strategy, str, float | None, str, bool]] = {}
@@ -124,7 +139,7 @@ def choose(mode: str, chosen: Any, client: Any, sites: list[Site | None], rows: 
                           f"served by the gathered value that the ring of {first[1]} keeps", False)
             served_by[unit] = first[1]
         if unit not in made:
-            made[unit] = _decide(mode, chosen, client, site)
+            made[unit] = _decide(mode, chosen, client, site, evidence)
             if site.collective and site.collective not in owner and not made[unit][0].is_baseline:
                 owner[site.collective] = (unit, row.name)
         s, source, speedup, note, keep = made[unit]

@@ -72,10 +72,11 @@ class Plan(list[PlanRow]):
     """The rows of `Overlapped.plan`; `notes`: what concerns the whole program; `memory`: the
     compiled step's temp bytes, plain and overlapped; `str()`: a table."""
 
-    def __init__(self, rows: Any = (), notes: Any = (), memory: Memory | None = None) -> None:
+    def __init__(self, rows: Any = (), notes: Any = (), memory: Memory | None = None, program: str = "") -> None:
         super().__init__(rows)
         self.notes: list[str] = list(notes)
         self.memory = memory or Memory()
+        self.program = program   # `program_key` of the pairs the first analysis found ("" if none)
 
     def __str__(self) -> str:
         head = ("pair", "problem", "collective", "strategy", "source", "speedup", "x", "note")
@@ -89,6 +90,22 @@ class Plan(list[PlanRow]):
         n = sum(r.applied for r in self)
         return "\n".join(lines + [f"{n} of {len(self)} pairs decomposed", str(self.memory)]
                          + [f"note: {t}" for t in self.notes])
+
+
+def program_key(rows: Any) -> str:
+    """The program as the tuner sees it: its problems and how often each runs per call, hashed
+    (16 hex digits; "" for no problem). In-program evidence (`autotuner tune-model`) is stored
+    under it; `overlap` computes it from the pairs its first analysis finds, before choosing."""
+    import hashlib
+
+    counts: dict[str, int] = {}
+    for r in rows:
+        if r.problem is not None:
+            counts[r.problem.key] = counts.get(r.problem.key, 0) + r.count
+    if not counts:
+        return ""
+    text = ";".join(f"{k}x{n}" for k, n in sorted(counts.items()))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def numbered(rows: list[PlanRow]) -> list[PlanRow]:

@@ -23,6 +23,11 @@ ONE warning (per outage, not per call) and falls back as above.
 ``LookupResult.origin`` says which of these answered: ``service``, ``memory``, ``disk``,
 ``snapshot`` or ``fallback``.
 
+:meth:`Client.evidence` answers, for one program (``Plan.program``), the in-program evidence
+that ``autotuner tune-model`` stored (``GET /v1/evidence``, or the snapshot's ``evidence``):
+``overlap`` prefers it to the isolated winners for that program. Nothing there, or a service
+that cannot answer, is ``{}``.
+
 An answer that does not parse (not UTF-8 or JSON, nested too deep, an array where an object
 belongs, a field of the wrong type, a key that is not :data:`KEY_RE`) counts as an unreachable
 service. Answers are filed under the client's own keys. A disk cache file with a line that does
@@ -92,6 +97,11 @@ def _decode(content: bytes, where: str) -> Any:
 
 def load_snapshot(path: str | os.PathLike[str]) -> dict[tuple[str, str], LookupResult]:
     """The answers of a snapshot file (``GET /v1/snapshot``), by (device key, problem key)."""
+    return _load_offline(path)[0]
+
+
+def _load_offline(path: str | os.PathLike[str]) -> tuple[dict[tuple[str, str], LookupResult], list[Any]]:
+    """A snapshot file's answers (see `load_snapshot`) and its evidence items."""
     try:
         doc = snapshot.load(path)
     except snapshot.SnapshotError as e:
@@ -103,7 +113,8 @@ def load_snapshot(path: str | os.PathLike[str]) -> dict[tuple[str, str], LookupR
         except (KeyError, TypeError, ValueError, StrategyError) as err:
             raise ClientError(f"{path}: entries[{i}] is invalid: {err}") from None
         out[(r.device_key, r.problem_key)] = r
-    return out
+    evidence = doc.get("evidence")
+    return out, evidence if isinstance(evidence, list) else []
 
 
 class Client:
@@ -135,7 +146,8 @@ class Client:
         self._cache: dict[tuple[str, str], LookupResult] = {}          # by (device key, problem key)
         self._keys: dict[Problem | Device, str] = {}
         self._disk = _DiskCache(Path(cache_dir)) if cache_dir is not None else None
-        self._snapshot = load_snapshot(offline) if offline is not None else None
+        self._snapshot, self._evidence_items = _load_offline(offline) if offline is not None else (None, [])
+        self._evidence: dict[tuple[str, str], dict[str, Any]] = {}   # (device key, program key) -> answers
         self.offline = offline
         self._http: httpx.Client | None = None
         self._lock = threading.Lock()  # the caches' and warnings' state, the HTTP client's creation
@@ -290,6 +302,38 @@ class Client:
             self._warn_once("refused", f"autotuner service {self.url} refused a lookup ({e}); "
                                        "using the baseline for it")
             return [{**LookupResult.baseline(k, dkey).to_json(), "origin": "fallback"} for k in chunk]
+
+    def evidence(self, program_key: str, device: Device | None = None) -> dict[str, dict[str, Any]]:
+        """In-program evidence for the program `program_key` on `device` (default: this client's):
+        problem key -> {strategy, previous (Strategies), speedup, confidence}; {} where there is
+        none or the service cannot answer (warned once; asked again after ``retry_after``)."""
+        dkey = self._key(device or self.device)
+        k = (dkey, str(program_key))
+        with self._lock:
+            hit = self._evidence.get(k)
+        if hit is not None:
+            return hit
+        if self._snapshot is not None:
+            got = snapshot.evidence_answers(self._evidence_items, dkey, str(program_key))
+        elif time.monotonic() < self._down_until:
+            return {}
+        else:
+            try:
+                r = self._client().get("/v1/evidence", params={"device_key": dkey, "program_key": str(program_key)})
+                if r.status_code != 200:
+                    raise ClientError(f"GET /v1/evidence answered {r.status_code}")
+                doc = _decode(r.content, "GET /v1/evidence")
+                got = snapshot.evidence_answers(doc.get("evidence") if isinstance(doc, dict) else None,
+                                                dkey, str(program_key))
+            except (httpx.HTTPError, httpx.InvalidURL, ClientError) as e:
+                self._warn_once("evidence", f"autotuner service {self.url} cannot answer in-program evidence "
+                                f"({type(e).__name__}: {e}); the isolated winners decide")
+                return {}
+        with self._lock:
+            if len(self._evidence) > 1000:
+                self._evidence.clear()
+            self._evidence[k] = got
+        return got
 
     def _warn_once(self, kind: str, message: str) -> None:
         """One warning per kind (``down``: per outage; ``refused``: per client)."""

@@ -13,7 +13,8 @@ import plotly.graph_objects as go
 from db.records import ModelBenchRecord
 from service.dashboard.figures import _esc, _layout
 
-__all__ = ["bench_figure", "fmt_ms", "fmt_ms_ci", "pair_figure", "pair_rows", "program_label"]
+__all__ = ["attribution_rows", "attribution_sums", "bench_figure", "fmt_ms", "fmt_ms_ci", "pair_figure",
+           "pair_rows", "program_label"]
 
 PLAIN, OVERLAPPED = "#7f7f7f", "#1f77b4"
 
@@ -75,6 +76,30 @@ def pair_rows(b: ModelBenchRecord) -> list[dict[str, Any]]:
                      "collective": fmt_ms(p.get("comm_s")), "einsum": fmt_ms(p.get("comp_s")),
                      "saved": fmt_ms(p.get("saved_s")), "failed": p.get("failed")})
     return rows
+
+
+def attribution_rows(b: ModelBenchRecord) -> list[dict[str, Any]]:
+    """`bench-model --attribute`'s table: per decomposed problem, its saving timed alone (the
+    pairs), alone in the step and what removing it from the plan costs (ms per step)."""
+    return [{"key": str(a.get("key", "?")), "name": str(a.get("name", "")), "count": a.get("count"),
+             "isolated": fmt_ms(a.get("isolated_saved_s")), "alone": fmt_ms(a.get("alone_saved_s")),
+             "alone_ci": fmt_ms_ci(a.get("alone_lo_s"), a.get("alone_hi_s")),
+             "without": fmt_ms(a.get("without_saved_s")),
+             "without_ci": fmt_ms_ci(a.get("without_lo_s"), a.get("without_hi_s"))}
+            for a in b.attribution or ()]
+
+
+def attribution_sums(b: ModelBenchRecord) -> dict[str, str] | None:
+    """The attribution's sums against the measured saving, as cells; None without attribution."""
+    if b.attribution is None:
+        return None
+
+    def total(field: str) -> str:
+        got = [a[field] for a in b.attribution or () if isinstance(a.get(field), int | float)]
+        return fmt_ms(sum(got)) if got else "—"
+
+    return {"isolated": total("isolated_saved_s"), "alone": total("alone_saved_s"),
+            "without": total("without_saved_s"), "measured": fmt_ms(b.measured_saved_s)}
 
 
 def pair_figure(b: ModelBenchRecord) -> go.Figure | None:

@@ -195,6 +195,7 @@ def model(request: Request, ref: str, _: ReadAuth, s: ReadSessionDep) -> HTMLRes
     device = repo.get_device_by_key(s, run.device_key)
     pairs = benches.pair_figure(run)
     return _render(request, "model.html", run=run, device=device, pairs=benches.pair_rows(run),
+                   attribution=benches.attribution_rows(run), attribution_sums=benches.attribution_sums(run),
                    step_fig=figures.embed(benches.bench_figure(run)),
                    pair_fig=figures.embed(pairs) if pairs is not None else None,
                    kwargs_json=json.dumps(run.kwargs, sort_keys=True),

@@ -7,7 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter
 
-from autotuner.snapshot import Entry
+from autotuner.snapshot import Entry, evidence_json
 from db import repository as repo
 from service.deps import ReadAuth, ReadSessionDep
 from service.routes._common import READ, responses, text_query
@@ -28,9 +28,11 @@ def snapshot(
     s: ReadSessionDep,
     device_key: Annotated[str | None, text_query("only this device key (default: all)", 128)] = None,
 ) -> Snapshot:
-    """Every stored winner (of one device, or all), for `Client(offline="snapshot.json")`."""
+    """Every stored winner (of one device, or all), and the in-program evidence in use, for
+    `Client(offline="snapshot.json")`."""
     exported_at = datetime.now(UTC)
     devices = [d for d in repo.list_devices(s) if device_key is None or d.key == device_key]
     entries = [SnapshotEntry.of(Entry.of(w)) for w in repo.list_winners(s, device_key)]
+    evidence = [evidence_json(e) for e in repo.list_evidence(s) if device_key is None or e.device_key == device_key]
     return Snapshot(exported_at=exported_at, devices=[DeviceOut.of(d) for d in devices],
-                    entries=entries)
+                    entries=entries, evidence=evidence)

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from db import Database, NotFoundError, current_revision, downgrade, make_engine, upgrade
+from db import Database, NotFoundError, current_revision, downgrade, head_revision, make_engine, upgrade
 from db import repository as repo
 
 from .test_repository import add_device
@@ -81,7 +81,7 @@ def test_a_bench_run_is_checked_on_write(database: Database, bad: dict[str, Any]
             repo.record_model_bench(s, 999, **bench_values())
 
 
-def test_0007_keeps_a_0006_database(empty_db_url: str) -> None:
+def test_0007_and_later_keep_a_0006_database(empty_db_url: str) -> None:
     engine = make_engine(empty_db_url)
     try:
         upgrade(empty_db_url, "0006")
@@ -90,8 +90,8 @@ def test_0007_keeps_a_0006_database(empty_db_url: str) -> None:
                 "INSERT INTO devices (key, platform, device_kind, num_devices, num_processes, topology, "
                 "jax_version, jaxlib_version, created_at) VALUES ('dev-a', 'cpu', 'cpu', 2, 2, NULL, '1', '1', "
                 "CURRENT_TIMESTAMP)"))
-        upgrade(empty_db_url, "0007")
-        assert current_revision(engine) == "0007"
+        upgrade(empty_db_url)   # 0007 (model_benches), 0008 (its attribution column)
+        assert current_revision(engine) == head_revision()
         with Database(empty_db_url) as database, database.session() as s:
             dev = repo.get_device_by_key(s, "dev-a")
             assert dev is not None

@@ -32,6 +32,7 @@ TABLES = {
     "calibrations": (records.CalibrationRecord, set()),
     "failures": (records.FailureRecord, set()),
     "model_benches": (records.ModelBenchRecord, set()),
+    "step_evidence": (records.EvidenceRecord, set()),
 }
 # bookkeeping tables no record shows (the service's change log, db/_changes.py): never read by a
 # route or a converter, so they have no field list of their own

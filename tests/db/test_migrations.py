@@ -31,8 +31,8 @@ from db.models import Base
 from db.session import MIGRATIONS_DIR
 
 OUR_TABLES = {"devices", "problems", "measurements", "winners", "tuning_jobs", "demand", "tokens",
-              "calibrations", "failures", "generation", "winner_changes", "model_benches"}
-TABLES_0001 = OUR_TABLES - {"calibrations", "failures", "generation", "winner_changes", "model_benches"}
+              "calibrations", "failures", "generation", "winner_changes", "model_benches", "step_evidence"}
+TABLES_0001 = OUR_TABLES - {"calibrations", "failures", "generation", "winner_changes", "model_benches", "step_evidence"}
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -45,7 +45,7 @@ def table_names(url: str, schema: str | None = None) -> set[str]:
 
 
 def test_one_head_shipped_with_the_package() -> None:
-    assert head_revision() == "0007"
+    assert head_revision() == "0008"
     assert (MIGRATIONS_DIR / "env.py").is_file()
     assert (MIGRATIONS_DIR / "script.py.mako").is_file()
     assert (MIGRATIONS_DIR.parent / "alembic.ini").is_file()

@@ -35,6 +35,11 @@ FAILED = {**PAIR, "key": "cd" * 32, "strategy": "baseline", "count": 1, "strateg
           "ratio_lo": None, "ratio_hi": None, "saved_s": None, "failed": "RuntimeError: " + EVIL}
 
 
+ATTRIBUTION = [{"key": "ab" * 32, "name": EVIL, "count": 2, "isolated_saved_s": 0.002, "alone_saved_s": 0.003,
+                "alone_lo_s": 0.0025, "alone_hi_s": 0.0035, "without_saved_s": 0.0032, "without_lo_s": 0.0028,
+                "without_hi_s": 0.0036}]
+
+
 def bench(**kw: Any) -> dict[str, Any]:
     values = {"program": "autotuner.examples.transformer:train_step", "kwargs": {"layers": 1},
               "target": "lab:shared:4:2gbit", "mesh": {"model": 4}, "strategy": "auto", "reps": 20,
@@ -42,7 +47,7 @@ def bench(**kw: Any) -> dict[str, Any]:
               "overlapped_s": 0.016, "overlapped_lo_s": 0.0152, "overlapped_hi_s": 0.017,
               "speedup": 1.25, "speedup_lo": 1.18, "speedup_hi": 1.31, "slower": False, "rel_error": 1e-6,
               "pairs": [PAIR, FAILED], "comm_s": 0.008, "decomposed_comm_s": 0.004, "predicted_saved_s": 0.004,
-              "host": "h"}
+              "host": "h", "attribution": ATTRIBUTION}
     return {**values, **kw}
 
 
@@ -58,7 +63,7 @@ def seeded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict
             program="evil.mod:f", kwargs={"note": EVIL}, mesh=None, target="inproc:4",
             strategy="ring-bidi-c2-ufull-loop-send", overlapped_s=0.025, overlapped_lo_s=0.024,
             overlapped_hi_s=0.027, speedup=0.8, speedup_lo=0.74, speedup_hi=0.86, slower=True,
-            predicted_saved_s=-0.001, pairs=[]))
+            predicted_saved_s=-0.001, pairs=[], attribution=None))
     database.dispose()
     yield url, {"fast": fast.id, "slow": slow.id}
 
@@ -116,6 +121,11 @@ def test_a_runs_page_has_the_chart_and_the_breakdown(client, seeded):
     assert "predicted from the pairs alone 4.00 ms, measured 4.00 ms" in summary
     pair_fig = figure(page, "fig-pairs")
     assert [t["name"] for t in pair_fig["data"]] == ["baseline", "decomposed", "collective alone", "einsum alone"]
+    att = re.search(r'<table class="data" id="bench-attribution">(.*?)</table>', page, re.S)
+    assert att is not None
+    text = " ".join(html.unescape(re.sub(r"<[^>]+>", " ", att.group(1))).split())
+    assert EVIL + " 2 2.00 ms 3.00 ms [2.50, 3.50] 3.20 ms [2.80, 3.60]" in text
+    assert "sums (measured saving 4.00 ms) 2.00 ms 3.00 ms 3.20 ms" in text
 
 
 def test_a_slower_run_without_pairs_and_unknown_runs(client, seeded):
@@ -123,6 +133,7 @@ def test_a_slower_run_without_pairs_and_unknown_runs(client, seeded):
     assert "The overlapped step is slower than plain jit beyond the 95% interval" in page
     assert "SLOWER" in figure(page, "fig-step")["layout"]["title"]["text"]
     assert "No per-pair breakdown stored" in page and 'id="fig-pairs"' not in page
+    assert "No attribution stored" in page and 'id="bench-attribution"' not in page
     assert "· mesh the factory's own" in html.unescape(page)
     assert "measured -5.00 ms" in page and "predicted from the pairs alone -1.00 ms" in page
     for ref in ("999999", "abc", "1e3", "-1", "9" * 40):

@@ -15,6 +15,7 @@ import collections
 import functools
 import json
 import re
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -283,6 +284,46 @@ def test_auto_applies_only_confident_tuned_winners(tmp_path):
         assert plan["bsf,fd->bsd"].strategy.is_baseline and plan["bsf,fd->bsd"].source == "default"
         assert_close(ov(*args), jax.jit(forward)(*args), "float32")
         assert len(EX.extract(ov, *args)) == 3
+    finally:
+        DECISIONS.clear()
+
+
+def test_auto_prefers_in_program_evidence_for_the_same_program(tmp_path):
+    """A snapshot with tuned winners and, for this program, in-program evidence (tune-model):
+    the evidence decides where it has a row (MLP up back to baseline although its isolated
+    winner is confident; QKV to a ring although it has no winner), the winners elsewhere; the
+    same problems in another program (two layers: other counts) get the winners only."""
+    forward, _, args = program("explicit", (4,), layers=1)
+    base = overlap(forward, strategy="baseline").plan(*args)
+    probs = {r.name: r.problem for r in base}
+    assert len(base.program) == 16
+    device = Device.current()
+    ring = Strategy("ring", "bidi", 2, "full", "loop", False)
+    ring1 = Strategy("ring", "uni", 1, "full", "loop", True)
+    path = _snapshot(tmp_path, device, {probs["bsd,df->bsf"].key: (ring, 1.3, 1.1, 1.5)})
+    doc = json.loads(Path(path).read_text())
+
+    def row(problem, s, prev, sp):
+        return {"device_key": device.key, "program_key": base.program, "problem_key": problem.key,
+                "strategy": s.to_dict(), "strategy_key": s.key, "previous": prev.to_dict(),
+                "previous_key": prev.key, "speedup": sp, "confidence": [sp - 0.05, sp + 0.05], "reps": 15,
+                "measured_at": None}
+    doc["evidence"] = [row(probs["bsd,df->bsf"], Strategy.baseline(), ring, 0.9),
+                       row(probs["bsd,dthk->bsthk"], ring1, Strategy.baseline(), 1.1)]
+    Path(path).write_text(json.dumps(doc))
+    DECISIONS.clear()
+    try:
+        client = Client(offline=path, device=device)
+        plan = {r.name: r for r in overlap(forward, memory=None, client=client).plan(*args)}
+        up, qkv = plan["bsd,df->bsf"], plan["bsd,dthk->bsthk"]
+        assert up.strategy.is_baseline and up.source == "in-program" and f"changed from {ring.key}" in up.note
+        assert qkv.strategy == ring1 and qkv.source == "in-program"
+        assert f"changed from baseline; the step with {ring1.key} ran 1.100x [1.050, 1.150]" in qkv.note
+        assert plan["bsf,fd->bsd"].source == "default"
+        forward2, _, args2 = program("explicit", (4,), layers=2)
+        plan2 = overlap(forward2, memory=None, client=client).plan(*args2)
+        assert plan2.program != base.program and not [r for r in plan2 if r.source == "in-program"]
+        assert any(r.strategy == ring and r.source == "tuned" for r in plan2)
     finally:
         DECISIONS.clear()
 

@@ -1,0 +1,281 @@
+"""`autotuner tune-model MODULE:FACTORY --target ... --db ...`: extract -> tune (the isolated
+search, as `extract` and `tune` do it, each a subprocess of this CLI) -> refinement in the
+program (`autotuner.tune.refine`): per problem, the candidates the isolated ranking put close to
+the winner, and baseline, tried in the whole step on the same target, interleaved; a change kept
+only where the step's interval says it is faster; each result stored as in-program evidence for
+(device, program, problem), which `overlap`/`plan` prefer for the same program. A killed run
+resumes: problems with stored evidence for this program are not timed again.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from typing import Annotated, Any
+
+import typer
+
+from autotuner.cli.common import app, db_url, err, fail, open_database
+from autotuner.cli.plan import MEMORY_HELP, memory_arg
+from autotuner.cli.program import FACTORY_HELP, parse_kwargs, parse_mesh
+
+HELP = f"""Tune a program's problems and refine the choices in the program itself: extract -> tune (each problem alone) -> refinement (per problem, the candidates close to its isolated winner and baseline, timed in the whole step, interleaved; a change kept only when the step's 95% interval says it is faster). The results are stored in --db as in-program evidence, which autotuner.overlap and `plan` prefer for the same program. Rerun to resume: problems already refined for this program are not timed again.
+
+{FACTORY_HELP} Example: autotuner tune-model autotuner.examples.transformer:train_step --explicit --mesh '{{"model": 2}}' --target lab:shared:2:2gbit --db sqlite:///autotuner.db"""
+
+
+class _Rig:
+    """The program on a target, as `refine` times it: plain, the isolated plan, the variants."""
+
+    def __init__(self, tol: float, reps_warmup: int) -> None:
+        self.tol, self.warmup = tol, reps_warmup
+
+    def _check(self, error: float) -> None:
+        if not error <= self.tol:
+            fail(f"a refinement variant differs from plain jit: relative error {error:.3g} > {self.tol:g}")
+
+
+class HereRig(_Rig):
+    def __init__(self, bench: Any, memory: float | None, tol: float, warmup: int) -> None:
+        super().__init__(tol, warmup)
+        self.bench, self.memory = bench, memory
+
+    def variants(self, choices: list[dict[str, Any]]) -> list[set[str]]:
+        applied = self.bench.set_variants(choices, self.memory)
+        self._check(self.bench.error(variants_only=True))
+        return applied
+
+    def time(self, reps: int) -> list[list[float]]:
+        from autotuner.measure.steps import time_steps
+
+        return time_steps(self.bench.thunks(), reps=reps, warmup=self.warmup)
+
+
+class LabRig(_Rig):
+    def __init__(self, lab: Any, memory: float | None, tol: float, warmup: int, timeout: float) -> None:
+        super().__init__(tol, warmup)
+        self.lab, self.memory, self.timeout = lab, memory, timeout
+
+    def variants(self, choices: list[dict[str, Any]]) -> list[set[str]]:
+        got = self.lab.call({"op": "step_variants", "memory": self.memory,
+                             "choices": [{k: s.to_dict() for k, s in c.items()} for c in choices]}, self.timeout)
+        if "error" in got:
+            fail(f"the lab could not build the variants: {got['error']}")
+        self._check(float(got["rel_error"]))
+        return [set(a) for a in got["applied"]]
+
+    def time(self, reps: int) -> list[list[float]]:
+        t = self.lab.call({"op": "step_time", "reps": reps, "warmup": self.warmup}, self.timeout)
+        if "error" in t:
+            fail(f"the lab could not time the step: {t['error']}")
+        return [t["plain"], t["overlapped"], *t["variants"]]
+
+
+def units_of(plan_rows: list[dict[str, Any]], current: dict[str, Any], candidates: Any) -> list[Any]:
+    """Every problem of the plan once (all its occurrences together), in program order, with the
+    candidates `candidates(problem_key, current_strategy)` gives."""
+    from autotuner.strategy import Strategy
+    from autotuner.tune.refine import RefineUnit
+
+    seen: dict[str, list[Any]] = {}
+    for r in plan_rows:
+        if r["problem"] is None:
+            continue
+        u = seen.setdefault(r["key"], [r["name"], 0])
+        u[1] += 0 if r["member"] else r["count"]
+    return [RefineUnit(k, name, count, tuple(candidates(k, current.get(k, Strategy.baseline()))))
+            for k, (name, count) in seen.items()]
+
+
+@app.command("tune-model", help=HELP)
+def tune_model_cmd(
+    target: Annotated[str, typer.Argument(metavar="MODULE:FACTORY", help="a factory of (fn, args)")],
+    on: Annotated[str, typer.Option("--target", help="inproc:N, lab:TOPOLOGY:N:RATE or local")] = "inproc:4",
+    db: Annotated[str, typer.Option("--db", help="results database URL (winners, measurements, evidence)")] = "",
+    mesh: Annotated[str | None, typer.Option("--mesh", help='mesh axes, e.g. \'{"model": 2}\'')] = None,
+    kwargs: Annotated[str | None, typer.Option("--kwargs", help="JSON object of keyword arguments for the factory")] = None,
+    explicit: Annotated[bool, typer.Option("--explicit/--auto", help="axis types of the --mesh")] = False,
+    trials: Annotated[int, typer.Option(min=1, help="isolated search: trials per problem")] = 6,
+    tune_reps: Annotated[int, typer.Option(min=3, help="isolated search: repetitions per trial")] = 5,
+    skip_tune: Annotated[bool, typer.Option("--skip-tune", help="refine the winners --db already holds")] = False,
+    reps: Annotated[int, typer.Option(min=5, help="refinement: interleaved steps per program")] = 15,
+    candidates: Annotated[int, typer.Option(min=0, max=8, help="refinement: strategies tried per problem "
+                                            "besides baseline (closest to the isolated winner first)")] = 2,
+    memory: Annotated[str, typer.Option("--memory", help=MEMORY_HELP)] = "0.05",
+    json_out: Annotated[bool, typer.Option("--json", help="the result as one JSON object on stdout")] = False,
+) -> None:
+    from autotuner.measure.targets import Target, TargetError
+
+    if not db:
+        fail("--db is required: tune-model stores winners and in-program evidence there")
+    bound = memory_arg(memory)
+    try:
+        tgt = Target.parse(on)
+    except TargetError as e:
+        fail(str(e))
+    shape = parse_mesh(mesh)
+    fkw = parse_kwargs(kwargs)
+    url = db_url(db)
+    open_database(url).engine.dispose()   # created and migrated here, once
+    common = [*(["--mesh", json.dumps(shape)] if shape else []), "--kwargs", json.dumps(fkw),
+              "--explicit" if explicit else "--auto"]
+    with tempfile.TemporaryDirectory(prefix="autotuner-tune-model-") as tmp:
+        if not skip_tune:
+            problems = f"{tmp}/problems.json"
+            for argv in (["extract", target, *common, "-q", "-o", problems],
+                         ["tune", "--problems", problems, "--target", on, "--db", url, "--trials", str(trials),
+                          "--reps", str(tune_reps)]):
+                err.print(f"$ autotuner {' '.join(argv)}", highlight=False)
+                if subprocess.run([sys.executable, "-m", "autotuner.cli", *argv], stdout=sys.stderr).returncode:
+                    fail(f"autotuner {argv[0]} failed; nothing was refined")
+        result = _refine(tgt, target, fkw, shape, explicit, url, tmp, reps=reps, k=candidates, memory=bound)
+    if json_out:
+        sys.stdout.write(json.dumps(result, default=str) + "\n")
+    else:
+        _print(result)
+
+
+def _refine(tgt: Any, target: str, fkw: dict[str, Any], shape: Any, explicit: bool, url: str, tmp: str, *,
+            reps: int, k: int, memory: float | None) -> dict[str, Any]:
+    from autotuner.cli.bench_lab import LOAD_TIMEOUT_S
+    from autotuner.cli.model import HANDLER, Bench, ModelError, load_factory, plan_rows
+    from autotuner.cli.winners import make_client
+    from autotuner.lab import Lab, LabSpec, LabWorkerError
+    from autotuner.measure.stats import ratio_ci
+    from autotuner.problem import problem_from_dict
+    from autotuner.strategy import Strategy
+    from autotuner.testing import step_tolerance
+    from autotuner.tune.refine import close_candidates, refine
+
+    def say(m: str) -> None:
+        err.print(m, highlight=False)
+
+    lab = session = None
+    try:
+        if tgt.kind == "lab":
+            from autotuner.measure.lab import LabRunner
+
+            spec = LabSpec.parse(tgt.text)
+            lab = Lab(spec, HANDLER, log=say)
+            lab.start()
+            dev = LabRunner(lab, compile_timeout=LOAD_TIMEOUT_S, log=say).device()
+            n = spec.n
+        else:
+            from autotuner.measure.targets import TargetSession
+
+            session = TargetSession(tgt, log=say)
+            dev, n = session.device, session.num_devices
+        winners = make_client(db=url, service=None, snapshot=None, device=None, n=n, tmpdir=tmp, prefer=dev.key)
+        if winners.device is not None and winners.device.key != dev.key:
+            fail(f"--db holds winners for {winners.device.label}, not for the target's device {dev.label}: "
+                 "tune on this target first (leave out --skip-tune)")
+        say(f"refining {target} on {tgt.text} ({dev.label}); {winners.where}")
+        strategy = "auto"
+        if lab is not None:
+            got = lab.call({"op": "step_load", "target": target, "kwargs": fkw, "mesh": shape, "explicit": explicit,
+                            "strategy": strategy, "memory": memory, "snapshot": winners.snapshot,
+                            "device": winners.device.to_dict() if winners.device is not None else None},
+                           LOAD_TIMEOUT_S)
+            if "error" in got:
+                fail(f"the lab could not load {target}: {got['error']}")
+            rows, program, error = got["plan"], got.get("program", ""), float(got["rel_error"])
+        else:
+            try:
+                prog = load_factory(target, fkw, shape, explicit)
+            except ModelError as e:
+                fail(str(e))
+            bench = Bench(prog, strategy, winners.client, memory)
+            rows, program, error = plan_rows(bench.plan), bench.plan.program, bench.error()
+        dtypes = {problem_from_dict(r["problem"]).dtype for r in rows if r["problem"]} or {"float32"}
+        tol = step_tolerance(dtypes)
+        if not error <= tol:
+            fail(f"the overlapped step differs from plain jit: relative error {error:.3g} > {tol:g}")
+        if not program:
+            fail(f"{target} has no decomposable pair: nothing to refine")
+        rig = (LabRig(lab, memory, tol, 2, LOAD_TIMEOUT_S) if lab is not None
+               else HereRig(bench, memory, tol, 2))
+        current = {r["key"]: Strategy.from_dict(r["strategy_dict"]) for r in rows
+                   if r["problem"] is not None and r["applied"]}
+        label = f"{target} {json.dumps(fkw, sort_keys=True)}"[:1024]
+        database = open_database(url)
+        try:
+            from autotuner.snapshot import device_values
+            from db import repository as repo
+
+            with database.session() as s:
+                dev_row = repo.upsert_device(s, **device_values(dev))
+                stored = {e.problem_key: _evidence(e) for e in repo.get_evidence(s, dev.key, program)}
+
+            def cands(key: str, cur: Any) -> list[Any]:
+                with database.session(read_only=True) as s:
+                    p = repo.get_problem_by_key(s, key)
+                    ms = repo.list_measurements(s, p.id, dev_row.id) if p is not None else []
+                return list(close_candidates(ms, cur, k))
+
+            units = units_of(rows, current, cands)
+            say(f"program {program}: {len(units)} problem(s), {len(stored)} with stored evidence; "
+                f"{reps} interleaved steps per program")
+
+            def store(ev: Any) -> None:
+                with database.session() as s:
+                    repo.record_evidence(s, dev_row.id, program_key=program, program=label, problem_key=ev.problem_key,
+                                         name=next(u.name for u in units if u.key == ev.problem_key)[:512],
+                                         strategy=ev.strategy.to_dict(), strategy_key=ev.strategy.key,
+                                         previous=ev.previous.to_dict(), previous_key=ev.previous.key,
+                                         speedup=ev.speedup, speedup_lo=ev.speedup_lo, speedup_hi=ev.speedup_hi,
+                                         reps=ev.reps, tried=list(ev.tried))
+
+            final, evidence = refine(rig, units, current, reps=reps, stored=stored, store=store, log=say)
+        finally:
+            database.engine.dispose()
+        # before / after, interleaved: plain, the isolated plan, the refined plan
+        rig.variants([final])
+        plain, isolated, refined = rig.time(reps)
+        iso = ratio_ci(plain, isolated)
+        ref = ratio_ci(plain, refined)
+        gain = ratio_ci(isolated, refined)
+    except LabWorkerError as e:
+        fail(f"the lab failed: {e}")
+    finally:
+        if lab is not None:
+            lab.close()
+        if session is not None:
+            session.close()
+    return {"program": target, "kwargs": fkw, "target": tgt.text, "device": dev.to_dict(), "device_key": dev.key,
+            "program_key": program,
+            "units": [{"key": u.key, "name": u.name, "count": u.count,
+                       "candidates": [c.key for c in u.candidates]} for u in units],
+            "evidence": [{"problem_key": e.problem_key, "strategy": e.strategy.key, "previous": e.previous.key,
+                          "changed": e.changed, "speedup": e.speedup, "speedup_lo": e.speedup_lo,
+                          "speedup_hi": e.speedup_hi, "reps": e.reps, "tried": list(e.tried)} for e in evidence],
+            "isolated_speedup": list(iso), "refined_speedup": list(ref), "refined_over_isolated": list(gain),
+            "reps": reps}
+
+
+def _evidence(rec: Any) -> Any:
+    from autotuner.strategy import Strategy
+    from autotuner.tune.refine import Evidence
+
+    return Evidence(rec.problem_key, Strategy.from_dict(rec.strategy), Strategy.from_dict(rec.previous),
+                    rec.speedup, rec.speedup_lo, rec.speedup_hi, rec.reps, tuple(rec.tried))
+
+
+def _print(r: dict[str, Any]) -> None:
+    out = sys.stdout
+    names = {u["key"]: u["name"] for u in r["units"]}
+    out.write(f"program {r['program_key']} on {r['target']}: in-program evidence per problem\n")
+    for e in r["evidence"]:
+        sp = (f"step {e['speedup']:.3f}x [{e['speedup_lo'] or float('nan'):.3f}, "
+              f"{e['speedup_hi'] or float('nan'):.3f}] with the best candidate" if e["speedup"] else "nothing to try")
+        what = f"changed {e['previous']} -> {e['strategy']}" if e["changed"] else f"kept {e['strategy']}"
+        out.write(f"  {names.get(e['problem_key'], e['problem_key'][:12])}: {what}; {sp}\n")
+
+    def ci(x: list[float]) -> str:
+        return f"{x[0]:.3f}x [{x[1]:.3f}, {x[2]:.3f}]"
+
+    out.write(f"step speedup over plain jit ({r['reps']} interleaved steps each): isolated plan "
+              f"{ci(r['isolated_speedup'])}, refined plan {ci(r['refined_speedup'])}; refined over isolated "
+              f"{ci(r['refined_over_isolated'])}\n")
+    out.flush()
