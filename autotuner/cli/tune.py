@@ -79,15 +79,46 @@ def tune(
                                      "noise floor, reported as 'A/A +/-'")] = True,
     scale: Annotated[float, typer.Option(min=0.01, max=4.0, help="size factor for the built-in suite")] = 1.0,
     json_out: Annotated[bool, typer.Option("--json", help="one JSON object per problem on stdout")] = False,
+    coordinator: Annotated[str | None, typer.Option(help="multi-process --target local: process 0's "
+                                                    "HOST:PORT (default JAX_COORDINATOR_ADDRESS when "
+                                                    "JAX_NUM_PROCESSES > 1)")] = None,
+    num_processes: Annotated[int | None, typer.Option(min=1, help="multi-process --target local: how many "
+                                                      "processes (the same command on each host)")] = None,
+    process_id: Annotated[int | None, typer.Option(min=0, help="multi-process --target local: this "
+                                                   "process's id; 0 leads and stores")] = None,
 ) -> None:
-    """Tune problems on a target and store the measurements and winners."""
+    """Tune problems on a target and store the measurements and winners.
+
+    Multi-process `local` (a JAX multi-host job): start the same command once per host with
+    --coordinator/--num-processes/--process-id (or under `autotuner lab run`, which sets the
+    JAX_* variables); process 0 searches and stores, the others measure in lockstep with it."""
     from autotuner.measure import Precision
+    from autotuner.measure.multiprocess import MultiProcessError, follow, job_from, join
     from autotuner.measure.targets import Target, TargetError, TargetSession, default_target
 
     try:
-        tgt = Target.parse(target or default_target())
+        job = job_from(coordinator, num_processes, process_id)
+    except MultiProcessError as e:
+        fail(str(e))
+    try:
+        tgt = Target.parse(target or ("local" if job else default_target()))
     except TargetError as e:
         fail(str(e))
+    mp_ctx = None
+    if job is not None:
+        if tgt.kind != "local":
+            fail(f"a multi-process run measures on --target local, not {tgt.text}")
+        try:
+            mp_ctx = join(job)
+        except Exception as e:  # noqa: BLE001 - jax raises its runtime errors
+            fail(f"process {job.process_id} of {job.num_processes} could not join {job.coordinator}: "
+                 f"{first_line(str(e) or type(e).__name__)}")
+        if job.process_id != 0:  # a follower: measures what process 0 asks, stores nothing
+            try:
+                follow(mp_ctx)
+            except MultiProcessError as e:
+                fail(str(e), code=1)
+            return
     items = load_items(problems, tgt.n or 1, scale)
     token = token_of(ctx, token, token_file)
     if service and not token:
@@ -110,7 +141,7 @@ def tune(
     rows: list[dict[str, Any]] = []
     err.print(f"target {tgt.text}: {len(items)} problem(s), run {run_id}", highlight=False)
     try:
-        with TargetSession(tgt, log=lambda m: err.print(m, highlight=False)) as ts:
+        with TargetSession(tgt, log=lambda m: err.print(m, highlight=False), ctx=mp_ctx) as ts:
             err.print(f"device {ts.device.label} ({ts.device.key[:8]})", highlight=False)
             if not exhaustive:
                 say_model(database, ts.device)

@@ -31,7 +31,7 @@ class WorkerContext:
 
     process_id: int
     num_processes: int
-    spec: LabSpec
+    spec: LabSpec | None  # None outside a lab (a multi-process `local` tune)
     seq: int = 0
     client: Any = field(default=None, repr=False)
     state: dict[str, Any] = field(default_factory=dict, repr=False)  # a handler's own, per process
@@ -109,6 +109,53 @@ def _collect(ctx: WorkerContext, box: dict[str, Any], reply: Any, grace: float =
     reply.flush()
 
 
+def serve_one(ctx: WorkerContext, handler: Any, seq: int, envelope: dict[str, Any],
+              box: dict[str, Any]) -> None:
+    """Run request ``seq`` on this process and publish its status (``lab/st/{seq}/{id}``);
+    process 0's result goes into ``box["result"]`` for ``_collect``."""
+    ctx.seq, ctx._count = seq, 0
+    try:
+        result = handler(envelope["request"], ctx)
+        if ctx.process_id == 0:
+            if not isinstance(result, dict):
+                raise TypeError(f"handler returned {type(result).__name__}, expected a dict")
+            json.dumps(result)  # fail here, as an error reply, if it is not JSON-able
+        box["result"], status = result, {"ok": True}
+    except Exception as e:  # noqa: BLE001 - every handler failure becomes an error reply
+        traceback.print_exc()
+        status = {"error": f"{type(e).__name__}: {e}"}
+    ctx.client.key_value_set(f"lab/st/{seq}/{ctx.process_id}", json.dumps(status))
+
+
+def follow(ctx: WorkerContext, handler: Any, first: int = 1) -> None:
+    """A process other than 0: run every request process 0 publishes (``lab/req/{seq}``), in
+    lockstep with it, until it publishes a shutdown. Raises when the KV store is gone (the
+    coordinator, on process 0, died)."""
+    for seq in itertools.count(first):
+        envelope = json.loads(_wait_key(ctx.client, f"lab/req/{seq}"))
+        if envelope.get("kind") == "shutdown":
+            return
+        serve_one(ctx, handler, seq, envelope, {})
+
+
+def lead_one(ctx: WorkerContext, handler: Any, seq: int, line: str, reply: Any) -> bool:
+    """Process 0: publish request ``line`` (a JSON envelope; empty: shutdown) as number ``seq``
+    for the others, run it here too, and write the one merged reply line to ``reply`` (see
+    `_collect`). False when it was the shutdown."""
+    line = line or json.dumps({"kind": "shutdown"})
+    ctx.client.key_value_set(f"lab/req/{seq}", line)
+    envelope = json.loads(line)
+    if envelope.get("kind") == "shutdown":
+        return False
+    box = {"seq": envelope.get("seq")}  # the requester's number
+    ctx.seq, ctx._count = seq, 0  # before the collector reads it
+    collector = threading.Thread(target=_collect, args=(ctx, box, reply), daemon=True)
+    collector.start()
+    serve_one(ctx, handler, seq, envelope, box)
+    collector.join()
+    return True
+
+
 def worker_main(argv: Sequence[str]) -> None:
     p = argparse.ArgumentParser(prog="python -m autotuner.lab worker")
     for name in ("--id", "--n", "--init-timeout"):
@@ -134,33 +181,12 @@ def worker_main(argv: Sequence[str]) -> None:
     if reply is not None:
         reply.write(json.dumps({"seq": 0, "devices": [str(d) for d in devices]}) + "\n")
         reply.flush()
-    for seq in itertools.count(1):
-        if reply is not None:
-            line = sys.stdin.readline() or json.dumps({"kind": "shutdown"})
-            ctx.client.key_value_set(f"lab/req/{seq}", line)
-        else:
-            line = _wait_key(ctx.client, f"lab/req/{seq}")
-        envelope = json.loads(line)
-        if envelope.get("kind") == "shutdown":
-            break
-        ctx.seq, ctx._count, box = seq, 0, {"seq": envelope.get("seq")}  # the parent's number
-        collector = None
-        if reply is not None:
-            collector = threading.Thread(target=_collect, args=(ctx, box, reply), daemon=True)
-            collector.start()
-        try:
-            result = handler(envelope["request"], ctx)
-            if args.id == 0:
-                if not isinstance(result, dict):
-                    raise TypeError(f"handler returned {type(result).__name__}, expected a dict")
-                json.dumps(result)  # fail here, as an error reply, if it is not JSON-able
-            box["result"], status = result, {"ok": True}
-        except Exception as e:  # noqa: BLE001 - every handler failure becomes an error reply
-            traceback.print_exc()
-            status = {"error": f"{type(e).__name__}: {e}"}
-        ctx.client.key_value_set(f"lab/st/{seq}/{args.id}", json.dumps(status))
-        if collector is not None:
-            collector.join()
+    if reply is None:
+        follow(ctx, handler)
+    else:
+        for seq in itertools.count(1):
+            if not lead_one(ctx, handler, seq, sys.stdin.readline(), reply):
+                break
     jax.distributed.shutdown()
 
 

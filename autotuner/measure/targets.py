@@ -79,14 +79,24 @@ def prepare_inproc(n: int) -> None:
 class TargetSession:
     """An open target: its device fingerprint and a Runner per problem."""
 
-    def __init__(self, target: Target, log: Callable[[str], None] | None = None):
+    def __init__(self, target: Target, log: Callable[[str], None] | None = None, ctx: Any = None):
+        """``ctx``: process 0's `WorkerContext` of a multi-process `local` run
+        (`autotuner.measure.multiprocess`): every measurement then runs on all processes."""
         self.target, self.log = target, log or (lambda _m: None)
         self.lab: Any = None
+        if ctx is not None and target.kind != "local":
+            raise TargetError(f"a multi-process run measures on --target local, not {target.text}")
         if target.kind == "inproc":
             prepare_inproc(int(target.n or 1))
             self.device = Device.current(topology="inproc")
         elif target.kind == "local":
             self.device = Device.current(topology="local")
+            if ctx is not None:
+                from autotuner.measure.lab import LabRunner
+                from autotuner.measure.multiprocess import Leader
+
+                self.lab = Leader(ctx, say=self.log)
+                self._lab_runner = LabRunner(self.lab, log=self.log)
         else:
             from autotuner.lab import LabSpec
             from autotuner.measure.lab import LabRunner, open_lab
