@@ -9,7 +9,15 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from db import Database, NotFoundError, current_revision, downgrade, head_revision, make_engine, upgrade
+from db import (
+    Database,
+    NotFoundError,
+    current_revision,
+    downgrade,
+    head_revision,
+    make_engine,
+    upgrade,
+)
 from db import repository as repo
 
 from .test_repository import add_device
