@@ -1225,10 +1225,21 @@ def check_k8s_structure(d: Deploy) -> list[str]:
         labels = doc["spec"]["template"]["metadata"].get("labels") or {}
         if not selector or any(labels.get(k) != v for k, v in selector.items()):
             errors.append(f"{path}: selector {selector} does not match the pod labels {labels}")
+    indexed = {doc["metadata"]["name"]: doc for _, doc in d.k8s("Job")
+               if doc["spec"].get("completionMode") == "Indexed"}
     for path, doc in d.k8s("Service"):
         sel = doc["spec"].get("selector") or {}
         pods = [p for p, dep in d.k8s("Deployment")
                 if all((dep["spec"]["template"]["metadata"].get("labels") or {}).get(k) == v for k, v in sel.items())]
+        job = indexed.get(sel.get("batch.kubernetes.io/job-name", ""))
+        if job is not None and list(sel) == ["batch.kubernetes.io/job-name"]:
+            # the headless Service that names an Indexed Job's pods (their hostnames' subdomain)
+            if doc["spec"].get("clusterIP") != "None":
+                errors.append(f"{path}: Service {doc['metadata']['name']} of Job {sel} must be headless (clusterIP: None)")
+            if job["spec"]["template"]["spec"].get("subdomain") != doc["metadata"]["name"]:
+                errors.append(f"{path}: Job {job['metadata']['name']}'s pods name no subdomain "
+                              f"{doc['metadata']['name']!r}: their hostnames do not resolve")
+            continue
         if not sel or not pods:
             errors.append(f"{path}: Service {doc['metadata']['name']} selects {sel}, which no Deployment's pods have")
     return errors
@@ -1406,7 +1417,11 @@ def check_k8s_tuners(d: Deploy) -> list[str]:
             continue
         (resource, count), = accel.items()
         found.add(resource)
-        if (res.get("requests") or {}).get(resource, count) != count:
+        per_pod = int(count)
+        count = per_pod * (processes := _job_processes(c, env, d, errors))
+        if processes > 1:
+            found.add("multi-process")
+        if (res.get("requests") or {}).get(resource, per_pod) != per_pod:
             errors.append(f"{c.where}: {resource}: requests and limits differ")
         tag = our_image(c.spec.get("image", ""))
         if tag is None or not tag[1].startswith(ACCELERATORS[resource]):
@@ -1420,7 +1435,7 @@ def check_k8s_tuners(d: Deploy) -> list[str]:
             topo = sel.get("cloud.google.com/gke-tpu-topology", "")
             if topo and math.prod(int(x) for x in topo.split("x")) != int(count):
                 errors.append(f"{c.where}: TPU topology {topo} has {math.prod(int(x) for x in topo.split('x'))} "
-                              f"chips, the Job asks for google.com/tpu: {count}")
+                              f"chips, the Job asks for google.com/tpu: {count} in all")
         # the problems file: a ConfigMap mounted where --problems points, loadable, meshes fit
         problems = Path(_option(argv, "--problems") or "/")
         mount = next((m for m in c.spec.get("volumeMounts") or []
@@ -1451,7 +1466,41 @@ def check_k8s_tuners(d: Deploy) -> list[str]:
     for resource in ACCELERATORS:
         if resource not in found:
             errors.append(f"{K8S}: no tuner Job asking for {resource}")
+    if "multi-process" not in found:
+        errors.append(f"{K8S}: no tuner Job spanning hosts (an Indexed Job, one JAX process per pod)")
     return errors
+
+
+def _job_processes(c: Container, env: dict[str, Any], d: Deploy, errors: list[str]) -> int:
+    """How many JAX processes a tuner Job runs: its completions for an Indexed Job, which must give
+    each pod the environment `autotuner tune` joins a multi-process job from (JAX_NUM_PROCESSES =
+    completions = parallelism, JAX_PROCESS_ID = the pod's completion index, JAX_COORDINATOR_ADDRESS
+    = pod 0's hostname in the Job's headless Service, on a port the container and Service open)."""
+    spec = c.doc["spec"]
+    if spec.get("completionMode") != "Indexed":
+        return 1
+    n = int(spec.get("completions") or 1)
+    if int(spec.get("parallelism") or 1) != n:
+        errors.append(f"{c.where}: parallelism {spec.get('parallelism')} != completions {n}: every process "
+                      "must run at once")
+    items = {e["name"]: e for e in c.spec.get("env") or []}
+    if str((items.get("JAX_NUM_PROCESSES") or {}).get("value")) != str(n):
+        errors.append(f"{c.where}: JAX_NUM_PROCESSES must be the Job's completions, {n}")
+    ref = ((items.get("JAX_PROCESS_ID") or {}).get("valueFrom") or {}).get("fieldRef") or {}
+    if ref.get("fieldPath") != "metadata.annotations['batch.kubernetes.io/job-completion-index']":
+        errors.append(f"{c.where}: JAX_PROCESS_ID must come from the pod's job-completion-index annotation")
+    sub = c.pod.get("subdomain")
+    svc = next((doc for _, doc in d.k8s("Service") if doc["metadata"]["name"] == sub), None)
+    ports = {p["port"] for p in (svc or {}).get("spec", {}).get("ports") or []}
+    own = {p["containerPort"] for p in c.spec.get("ports") or []}
+    addr = str((items.get("JAX_COORDINATOR_ADDRESS") or {}).get("value", ""))
+    host, _, port = addr.rpartition(":")
+    if svc is None or host != f"{c.doc['metadata']['name']}-0.{sub}" or not port.isdigit() \
+            or int(port) not in ports or int(port) not in own:
+        errors.append(f"{c.where}: JAX_COORDINATOR_ADDRESS {addr!r} must be pod 0's hostname "
+                      f"({c.doc['metadata']['name']}-0.SUBDOMAIN, SUBDOMAIN a headless Service) and a port "
+                      "both the container and the Service open")
+    return n
 
 
 # -- checks: images and the README ---------------------------------------------------------------
@@ -1724,6 +1773,17 @@ MISTAKES = [
      ("deploy/k8s/30-deployment.yaml", "containerPort: 8000", "containerPort: 8080"), "do not include"),
     ("serve on loopback in the Deployment", check_k8s_service,
      ("deploy/k8s/30-deployment.yaml", '"--host", "0.0.0.0", ', ""), "--host 0.0.0.0"),
+    ("a multi-node Job whose process count is off", check_k8s_tuners,
+     ("deploy/k8s/tuner/tune-multinode-job.yaml", 'value: "2"', 'value: "4"'), "JAX_NUM_PROCESSES must be"),
+    ("a multi-node Job with a coordinator no pod has", check_k8s_tuners,
+     ("deploy/k8s/tuner/tune-multinode-job.yaml", "value: autotuner-tune-multinode-0.", "value: autotuner-tune-0."),
+     "must be pod 0's hostname"),
+    ("a multi-node Job whose pods have no subdomain", check_k8s_structure,
+     ("deploy/k8s/tuner/tune-multinode-job.yaml", "      subdomain: autotuner-tune-multinode\n", ""),
+     "name no subdomain"),
+    ("a multi-node Job on fewer GPUs than the problems' mesh", check_k8s_tuners,
+     ("deploy/k8s/tuner/tune-multinode-job.yaml", "  completions: 2\n  parallelism: 2",
+      "  completions: 1\n  parallelism: 1"), "JAX_NUM_PROCESSES must be"),
     ("the tuner pointed at a missing Service", check_k8s_service,
      ("deploy/k8s/tuner/tune-tpu-job.yaml", "http://autotuner:8000", "http://autotuner-service:8000"), "names no Service"),
     ("a Service that selects nothing", check_k8s_structure,
