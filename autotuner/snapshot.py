@@ -165,3 +165,31 @@ def load(path: str | os.PathLike[str]) -> dict[str, Any]:
     except (OSError, ValueError) as e:
         raise SnapshotError(f"cannot read the snapshot {p}: {e}") from None
     return check(doc, str(p))
+
+
+def put_entry(path: str | os.PathLike[str], device: Device, answer: dict[str, Any]) -> None:
+    """Add (or replace) the winner `answer` (a lookup answer's JSON: device_key, problem_key,
+    strategy, speedup, confidence, measured_at, trials) in the snapshot file at `path`, listing
+    `device` if it is not yet; the file is rewritten atomically. Raises SnapshotError."""
+    from autotuner.strategy import Strategy
+
+    doc = load(path)
+    pair = (answer["device_key"], answer["problem_key"])
+    entry = {"device_key": pair[0], "problem_key": pair[1], "strategy": answer["strategy"],
+             "strategy_key": Strategy.from_dict(answer["strategy"]).key,
+             "speedup": answer.get("speedup") if answer.get("speedup") is not None else 1.0,
+             "confidence": answer.get("confidence"), "record_id": 0,
+             "measured_at": answer.get("measured_at"), "trials": answer.get("trials") or 0}
+    entries = [e for e in doc.get("entries") or []
+               if not isinstance(e, dict) or (e.get("device_key"), e.get("problem_key")) != pair]
+    doc["entries"] = [*entries, entry]
+    devices = doc.get("devices") or []
+    if not any(isinstance(d, dict) and d.get("key") == pair[0] for d in devices):
+        doc["devices"] = [*devices, {"key": device.key, **device.to_dict()}]
+    target = Path(path)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(json.dumps(doc))
+        os.replace(tmp, target)
+    except OSError as e:
+        raise SnapshotError(f"cannot write the snapshot {target}: {e}") from None

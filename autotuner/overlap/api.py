@@ -42,6 +42,24 @@ How it works, per input signature (tree, shapes, dtypes, shardings, static value
    first call), unless `jit_kwargs` has static arguments (then `jax.jit` of the rewritten program,
    compiled on call).
 
+Tuning inside the job: `overlap(fn, client=Client(url, token=WRITE), tune="missing",
+tune_budget_s=60)`. On the first call (or `plan`/`lower`) of a signature, each unit (a pair's
+problem, or a group's GroupedProblem) whose answer from the client is not `tuned` for this job's
+device, and that has no in-program evidence, is measured in place before step 3 chooses: on the
+mesh of the program's arguments, `measure.run_session` with a `LocalRunner`, the baseline against
+the likeliest candidates (the client's `model`/`nearest` pick first, then `space(problem)`'s
+order), in program order until `tune_budget_s` is spent (units met after that stay as they were,
+"budget spent"). In a multi-process job process 0 decides what to measure and publishes it in
+the key-value store; every process measures in lockstep (`overlap.injob.JaxSync`). The session
+is stored through `Client.upload`: `POST /v1/results` with the client's token (the body `autotuner
+tune --service` sends), into the snapshot file for an offline client, nowhere without a token
+(the plan says which); the answer (the service's, recomputed over all it holds, else the
+session's winner by the same rule) replaces the client's and `DECISIONS`' for that problem, and
+step 3 applies it under the never-slower rule. Those rows have `source == "in-job"` and a note
+with what it cost (seconds, strategies tried, where it was stored); `plan().notes` has the total.
+A later job with the same shapes gets `tuned` answers and measures nothing. `tune=None` (the
+default) measures nothing.
+
 Limits (each pair concerned stays plain jit and `plan()` says why; nothing raises):
 - only pairs `extract` maps to a Problem (f32/bf16/f16 dots whose layout classifies as the
   collective the HLO shows; not inside shard_map);
@@ -72,6 +90,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from autotuner.errors import AutotunerError
+from autotuner.overlap.injob import DEFAULT_BUDGET_S, InJob
+from autotuner.overlap.injob import MODES as TUNE_MODES
 from autotuner.overlap.memory import DEFAULT_BOUND, check_bound
 from autotuner.overlap.plan import Memory, Plan, PlanRow, numbered, program_key
 from autotuner.strategy import parse_choice
@@ -134,7 +154,8 @@ class Overlapped:
     """What `overlap(fn, ...)` returns: call it like `jax.jit(fn, **jit_kwargs)`."""
 
     def __init__(self, fn: Callable[..., Any], strategy: Any = "auto", client: Any = None,
-                 memory: Any = DEFAULT_BOUND, **jit_kwargs: Any) -> None:
+                 memory: Any = DEFAULT_BOUND, tune: str | None = None,
+                 tune_budget_s: float = DEFAULT_BUDGET_S, **jit_kwargs: Any) -> None:
         if not callable(fn):
             raise OverlapError(f"overlap: fn must be callable, got {type(fn).__name__}")
         self.fn = fn
@@ -143,6 +164,7 @@ class Overlapped:
             self.memory = check_bound(memory)
         except ValueError as e:
             raise OverlapError(f"overlap: {e}") from None
+        self.tune, self.tune_budget_s = _check_tune(tune, tune_budget_s, self.mode)
         self.client = client
         self.jit_kwargs = jit_kwargs
         self._cache: dict[Any, _Prepared] = {}
@@ -230,6 +252,7 @@ class Overlapped:
         compiled = None
         plain_temp: int | None = None
         program, evidence = "", {}
+        injob = InJob(self.client, mesh, self.tune_budget_s) if self.tune == "missing" else None
         for n in range(rounds):
             interp = Interpreter(mesh, dict(actions), traced=traced)
             jitted = self._jit(interp)
@@ -255,7 +278,12 @@ class Overlapped:
             if n == 0:
                 program = program_key(found.rows)
                 evidence = _evidence(self.client, program) if self.mode == "auto" else {}
+            if injob is not None:   # measure the untuned units now: `choose` then finds their answers
+                injob.run(found.sites, evidence)
+                notes[:] = [t for t in notes if not t.startswith("in-job tuning")] + [injob.summary()]
             new_actions, new_rows = choose(self.mode, self.chosen, self.client, found.sites, found.rows, evidence)
+            if injob is not None:
+                new_rows = injob.mark(found.sites, new_rows)
             if n:
                 new_rows = [replace(r, note=(r.note + "; " if r.note else "") + f"found in round {n + 1}")
                             for r in new_rows]
@@ -330,6 +358,19 @@ class Overlapped:
                                    program=program), jitted)
 
 
+def _check_tune(tune: Any, budget: Any, mode: str) -> tuple[str | None, float]:
+    import math
+
+    if tune not in TUNE_MODES:
+        raise OverlapError(f"overlap: tune must be None or 'missing', not {tune!r}")
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not math.isfinite(budget) or budget <= 0:
+        raise OverlapError(f"overlap: tune_budget_s must be a number of seconds above 0, not {budget!r}")
+    if tune is not None and mode != "auto":
+        raise OverlapError(f"overlap: tune={tune!r} measures what strategy='auto' looks up; "
+                           f"it does not go with strategy={mode!r}")
+    return tune, float(budget)
+
+
 def _evidence(client: Any, program: str) -> dict[str, Any]:
     """The client's in-program evidence for this program (problem key -> answer); {} where it
     has none, or no such method, or fails (then the isolated winners decide, as without it)."""
@@ -349,12 +390,15 @@ def _all_plain(plain: Any, rows: list[PlanRow], notes: list[str], why: str) -> _
 
 
 def overlap(fn: Callable[..., Any] | None = None, *, strategy: Any = "auto", client: Any = None,
-            memory: Any = DEFAULT_BOUND, **jit_kwargs: Any) -> Any:
+            memory: Any = DEFAULT_BOUND, tune: str | None = None, tune_budget_s: float = DEFAULT_BUDGET_S,
+            **jit_kwargs: Any) -> Any:
     """`jax.jit(fn, **jit_kwargs)` with its decomposable collective/einsum pairs, forward and
     backward, run as the chosen decomposition (see the module docs). `memory`: how much the
     compiled step's temp memory may grow over plain jit's (a fraction, default 0.05; None: no
-    bound; see `overlap.memory`). Usable as a decorator, with or without arguments."""
+    bound; see `overlap.memory`). `tune="missing"`: measure, in this job, the pairs the client
+    has no tuned answer for, within `tune_budget_s` seconds (see the module docs; default None:
+    nothing is measured). Usable as a decorator, with or without arguments."""
     if fn is None:
-        return lambda f: Overlapped(f, strategy, client, memory, **jit_kwargs)
-    return Overlapped(fn, strategy, client, memory, **jit_kwargs)
+        return lambda f: Overlapped(f, strategy, client, memory, tune, tune_budget_s, **jit_kwargs)
+    return Overlapped(fn, strategy, client, memory, tune, tune_budget_s, **jit_kwargs)
 

@@ -18,7 +18,7 @@ class PlanRow:
     form: str                 # the collective as compiled: all-gather | reduce-scatter | all-reduce+dynamic-slice
     problem: Problem | GroupedProblem | None   # a GroupedProblem for each dot of a shared gather
     strategy: Strategy        # what runs (baseline: the plain jit equation)
-    source: str               # forced | callable | tuned | nearest | model | default | unmapped | ...
+    source: str               # forced | callable | tuned | in-job | nearest | model | default | unmapped | ...
     speedup: float | None     # predicted speedup of the pair (baseline time / its time), if known
     count: int                # runs per call of the program
     note: str = ""            # why baseline, or anything to know

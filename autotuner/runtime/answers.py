@@ -178,3 +178,25 @@ class DiskCache:
                     return
                 for r in new:
                     table[r.problem_key] = replace(r, origin="disk")
+
+
+def session_answer(session: Any, problem_key: str, device_key: str) -> LookupResult | None:
+    """A measured session's winner as a `tuned` answer, by the service's rule (`db.rule`): the
+    candidate with the highest speedup among those whose interval lies above 1.0, else the
+    baseline; None when the baseline did not run."""
+    import math
+    from datetime import UTC
+
+    if session.baseline.status != "ok":
+        return None
+    ok = [c for c in session.candidates if c.status == "ok" and c.ratio is not None and c.ratio_lo is not None
+          and math.isfinite(c.ratio) and math.isfinite(c.ratio_lo) and c.ratio_lo > 1.0]
+    best = max(ok, key=lambda c: (c.ratio, c.ratio_lo), default=None)
+    trials = 1 + len(session.candidates)
+    now = datetime.now(UTC)
+    if best is None:
+        return LookupResult(Strategy.baseline(), "tuned", 1.0, None, None, now, problem_key, device_key,
+                            origin="in-job", trials=trials)
+    ci = (float(best.ratio_lo), float(best.ratio_hi)) if best.ratio_hi is not None else None
+    return LookupResult(Strategy.from_dict(best.strategy), "tuned", float(best.ratio), ci, None, now,
+                        problem_key, device_key, origin="in-job", trials=trials)

@@ -28,6 +28,10 @@ that ``autotuner tune-model`` stored (``GET /v1/evidence``, or the snapshot's ``
 ``overlap`` prefers it to the isolated winners for that program. Nothing there, or a service
 that cannot answer, is ``{}``.
 
+:meth:`Client.upload` stores a session measured in the job (``overlap(fn, tune="missing")``):
+``POST /v1/results`` with the client's token, or into the offline snapshot's file, or nowhere
+without a token; its winner becomes the client's answer for that problem.
+
 An answer that does not parse (not UTF-8 or JSON, nested too deep, an array where an object
 belongs, a field of the wrong type, a key that is not :data:`KEY_RE`) counts as an unreachable
 service. Answers are filed under the client's own keys. A disk cache file with a line that does
@@ -53,11 +57,11 @@ from autotuner import snapshot
 from autotuner.device import Device
 from autotuner.errors import AutotunerError
 from autotuner.problem import GroupedProblem, Problem, problem_from_dict
-from autotuner.runtime.answers import KEY_RE, LookupResult
+from autotuner.runtime.answers import KEY_RE, LookupResult, session_answer
 from autotuner.runtime.answers import DiskCache as _DiskCache
 from autotuner.strategy import StrategyError
 
-__all__ = ["KEY_RE", "Client", "ClientError", "LookupResult", "default_client", "load_snapshot"]
+__all__ = ["KEY_RE", "Client", "ClientError", "LookupResult", "default_client", "load_snapshot", "session_answer"]
 
 log = logging.getLogger("autotuner.runtime.client")
 
@@ -360,6 +364,64 @@ class Client:
         if not isinstance(docs, list) or len(docs) != len(problems):
             raise ClientError(f"POST {path}: the answer is not {len(problems)} result(s)")
         return docs
+
+    # -- storing measurements ------------------------------------------------------------------
+    def upload(self, device: Device | None, problem: Problem | GroupedProblem, session: Any, *,
+               name: str | None = None, run_id: str | None = None) -> tuple[LookupResult | None, str]:
+        """Store one measured session (`measure.run_session`'s `SessionResult`) of `problem` on
+        `device` (default: :attr:`device`), and make its winner this client's answer for it.
+        Returns (the answer, where it was stored). With a service and a token: ``POST
+        /v1/results`` (the body `autotuner tune --service` sends, `tune.store.results_body`), then
+        the service's answer is looked up again (its winner rule, over every measurement it holds);
+        offline: the winner is added to the snapshot in memory and written to the snapshot file;
+        without a token: kept in this process only. The answer is the session's winner by the
+        service's rule (`session_answer`) wherever the service's is not to be had; None when the
+        baseline did not run (nothing to answer). Never raises for the service or the file."""
+        device = device if device is not None else self.device
+        dkey, pkey = self._key(device), self._key(problem)
+        local = session_answer(session, pkey, dkey)
+        if self._snapshot is not None:
+            where = self._save_offline(device, local)
+        elif not self._token:
+            where = "nowhere (the client has no write token): it holds for this process only"
+        else:
+            where = self._post_results(device, problem, session, name, run_id)
+            if where.startswith("the service"):
+                got = self._ask_service(device, dkey, {pkey: problem})
+                if got is not None and got[pkey].source == "tuned":
+                    local = got[pkey]
+        if local is not None:
+            self._remember(device, {pkey: problem}, [local])
+        return local, where
+
+    def _post_results(self, device: Device, problem: Problem | GroupedProblem, session: Any,
+                      name: str | None, run_id: str | None) -> str:
+        from autotuner.results import results_body, session_items
+
+        try:
+            body = results_body(device, problem, session_items(session, run_id), name)
+            r = self._client().post("/v1/results", json=body)
+            if r.status_code >= 300:
+                raise ClientError(f"POST /v1/results answered {r.status_code}: {r.text[:200]}")
+        except (httpx.HTTPError, httpx.InvalidURL, ClientError, ValueError) as e:
+            log.warning("autotuner: could not store in-job measurements at %s (%s: %s)", self.url,
+                        type(e).__name__, e)
+            return f"nowhere (the upload to {self.url} failed: {type(e).__name__}: {str(e)[:120]})"
+        return f"the service {self.url}"
+
+    def _save_offline(self, device: Device, answer: LookupResult | None) -> str:
+        """Add `answer` to the snapshot in memory and to its file (atomically rewritten)."""
+        assert self._snapshot is not None and self.offline is not None
+        if answer is None:
+            return "nowhere (the baseline did not run)"
+        with self._lock:
+            self._snapshot[(answer.device_key, answer.problem_key)] = replace(answer, origin="snapshot")
+        try:
+            snapshot.put_entry(self.offline, device, answer.to_json())
+        except snapshot.SnapshotError as e:
+            log.warning("autotuner: could not write in-job results to the snapshot %s (%s)", self.offline, e)
+            return f"this process's snapshot in memory only ({e})"
+        return f"the snapshot {self.offline}"
 
     # -- the rest ------------------------------------------------------------------------------
     def export_snapshot(self, path: str | os.PathLike[str], device: Device | None = None, *,

@@ -72,6 +72,12 @@ class DecisionTable:
         with self._lock:
             self._decisions.clear()
 
+    def put(self, decision: Decision) -> None:
+        """Replace the decision for its problem (in-job tuning measured it: `overlap(tune=...)`);
+        every later trace in this process uses it. Each process of a job puts the same one."""
+        with self._lock:
+            self._decisions[decision.problem_key] = decision
+
     def decide(self, problem: Problem, client: Any) -> Decision:
         """The remembered decision for `problem`, else a new one: looked up (process 0) and
         shared through the distributed key-value store (the other processes)."""

@@ -4,13 +4,15 @@ device's are `autotuner.snapshot.device_values`, shared with the cost model's st
 from __future__ import annotations
 
 import socket
-from collections.abc import Iterable
 from typing import Any
 
 from autotuner.device import Device
-from autotuner.measure import Candidate, SessionResult
 from autotuner.problem import Problem
+from autotuner.results import measurement_item, results_body, session_items
 from autotuner.snapshot import device_values
+
+__all__ = ["measurement_item", "problem_values", "results_body", "save", "save_failure", "session_items",
+           "why_no_winner"]
 
 
 def problem_values(p: Problem, name: str | None = None) -> dict[str, Any]:
@@ -18,23 +20,6 @@ def problem_values(p: Problem, name: str | None = None) -> dict[str, Any]:
     return {"key": p.key, "canonical": p.canonical(), "equation": p.equation, "pattern": p.pattern.label,
             "dtype": p.dtype, "mesh_size": p.axis_size, "m": f["m"], "n": f["n"], "k": f["k"], "b": f["b"],
             "flops": f["flops"], "comm_bytes": f["comm_bytes"], "name": (name or None) and name[:256]}
-
-
-def measurement_item(c: Candidate, run_id: str | None = None, host: str | None = None) -> dict[str, Any]:
-    """A candidate as a ``db.MeasurementInput`` (``db.records.measurement_input``: the fields
-    of the same names), with its strategy key and this run's id and host."""
-    from db.records import measurement_input
-
-    return measurement_input(c, strategy_key=c.key, run_id=run_id,
-                             host=host or socket.gethostname())
-
-
-def session_items(session: SessionResult, run_id: str | None = None,
-                  include: Iterable[str] | None = None) -> list[dict[str, Any]]:
-    """Measurement items of a session: the baseline and every candidate (or those in `include`)."""
-    keep = set(include) if include is not None else None
-    return [measurement_item(c, run_id) for c in [session.baseline, *session.candidates]
-            if keep is None or c.key in keep]
 
 
 def save(database: Any, device: Device, problem: Problem, items: list[dict[str, Any]],

@@ -66,10 +66,9 @@ def upload(http: httpx.Client, device: Device, problem: Problem, items: list[dic
            name: str | None = None) -> dict[str, Any]:
     if not items:
         raise ServiceError("nothing to upload: no measurements were taken")
-    body = {"device": device.to_dict(), "problem": problem.to_dict(), "measurements": items}
-    if name is not None:
-        body["name"] = name
-    r = http.post("/v1/results", json=body)
+    from autotuner.results import results_body
+
+    r = http.post("/v1/results", json=results_body(device, problem, items, name))
     return _check(r, "uploading results")
 
 

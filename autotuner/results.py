@@ -1,0 +1,45 @@
+"""Measurements as the service takes them: the items and the body of ``POST /v1/results``.
+
+One place for what a measured session becomes on the wire or in the database:
+`autotuner tune --service` and the worker (`tune.worker.upload`), the local store
+(`tune.store.save`) and in-job tuning (`runtime.Client.upload`, from `overlap(tune="missing")`)
+all build their items and bodies here. The items are `db.records.measurement_input`'s (imported
+when items are built, not on import: the runtime's lookup path loads no database code).
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterable
+from typing import Any
+
+from autotuner.device import Device
+from autotuner.measure import Candidate, SessionResult
+from autotuner.problem import GroupedProblem, Problem
+
+
+def measurement_item(c: Candidate, run_id: str | None = None, host: str | None = None) -> dict[str, Any]:
+    """A candidate as a ``db.MeasurementInput`` (``db.records.measurement_input``: the fields
+    of the same names), with its strategy key and this run's id and host."""
+    from db.records import measurement_input
+
+    return measurement_input(c, strategy_key=c.key, run_id=run_id,
+                             host=host or socket.gethostname())
+
+
+def session_items(session: SessionResult, run_id: str | None = None,
+                  include: Iterable[str] | None = None) -> list[dict[str, Any]]:
+    """Measurement items of a session: the baseline and every candidate (or those in `include`)."""
+    keep = set(include) if include is not None else None
+    return [measurement_item(c, run_id) for c in [session.baseline, *session.candidates]
+            if keep is None or c.key in keep]
+
+
+def results_body(device: Device, problem: Problem | GroupedProblem, items: list[dict[str, Any]],
+                 name: str | None = None) -> dict[str, Any]:
+    """The body of ``POST /v1/results``: measurement items of one problem on one device, and an
+    optional readable name."""
+    body: dict[str, Any] = {"device": device.to_dict(), "problem": problem.to_dict(), "measurements": items}
+    if name is not None:
+        body["name"] = name[:256]
+    return body
