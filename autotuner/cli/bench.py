@@ -14,6 +14,7 @@ from typing import Annotated, Any
 import typer
 
 from autotuner.cli.common import app, err, fail, fmt
+from autotuner.cli.model import TOLERANCE_HELP
 from autotuner.cli.plan import MEMORY_HELP, memory_arg, print_plan, strategy_arg
 from autotuner.cli.program import FACTORY_HELP, parse_kwargs, parse_mesh
 from autotuner.cli.winners import SOURCE_HELP, make_client
@@ -138,6 +139,7 @@ def bench_cmd(
     attribute: Annotated[bool, typer.Option("--attribute", help="also time, interleaved with plain and the "
                                             "plan, the step with each decomposed problem alone and the plan "
                                             "without it: each problem's saving in the program")] = False,
+    tolerance: Annotated[float | None, typer.Option("--tolerance", min=0.0, help=TOLERANCE_HELP)] = None,
     profile: Annotated[int, typer.Option("--profile", min=0, help="also run N steps of each program under "
                                          "jax.profiler with XLA's thunk timings: where the step's time goes "
                                          "(collectives, compute, both, idle; process 0)")] = 0,
@@ -163,13 +165,13 @@ def bench_cmd(
                 tgt, target, fkw, shape, explicit, chosen, dict(db=db, service=service, snapshot=snapshot,
                                                                  device=device), tmp,
                 reps=reps, warmup=warmup, pairs=pairs, pair_reps=pair_reps, memory=bound,
-                attribute=attribute, profile=profile)
+                attribute=attribute, profile=profile, tolerance=tolerance)
         else:
             res, plan, notes, error, dev = _bench_here(
                 tgt, target, fkw, shape, explicit, chosen, dict(db=db, service=service, snapshot=snapshot,
                                                                  device=device), tmp,
                 reps=reps, warmup=warmup, pairs=pairs, pair_reps=pair_reps, memory=bound,
-                attribute=attribute, profile=profile)
+                attribute=attribute, profile=profile, tolerance=tolerance)
     stored: dict[str, Any] = {}
     if db and store:
         from autotuner.cli.bench_store import bench_values, store_bench
@@ -190,15 +192,20 @@ def bench_cmd(
 
 def _bench_here(tgt: Any, target: str, fkw: dict[str, Any], shape: dict[str, int] | None, explicit: bool,
                 chosen: Any, sources: dict[str, Any], tmp: str, *, reps: int, warmup: int, pairs: bool,
-                pair_reps: int, memory: float | None, attribute: bool = False, profile: int = 0
-                ) -> tuple[Any, list[dict[str, Any]], list[str], float, Any]:
-    from autotuner.cli.model import Bench, ModelError, load_factory, plan_notes, plan_rows
+                pair_reps: int, memory: float | None, attribute: bool = False, profile: int = 0,
+                tolerance: float | None = None) -> tuple[Any, list[dict[str, Any]], list[str], float, Any]:
+    from autotuner.cli.model import (
+        Bench,
+        ModelError,
+        check_numerics,
+        load_factory,
+        plan_notes,
+        plan_rows,
+    )
     from autotuner.cli.plan import mesh_size
     from autotuner.measure.steps import attribute as attribution
     from autotuner.measure.steps import compare, decomposed_units, pair_breakdown, time_steps
     from autotuner.measure.targets import TargetError, TargetSession
-    from autotuner.problem import problem_from_dict
-    from autotuner.testing import step_tolerance
 
     try:
         session = TargetSession(tgt, log=lambda m: err.print(m, highlight=False))
@@ -217,10 +224,7 @@ def _bench_here(tgt: Any, target: str, fkw: dict[str, Any], shape: dict[str, int
         bench = Bench(prog, chosen, winners.client, memory, attribute)
         rows = plan_rows(bench.plan)
         error = bench.error()
-        dtypes = {problem_from_dict(r["problem"]).dtype for r in rows if r["problem"]} or {"float32"}
-        tol = step_tolerance(dtypes)
-        if not error <= tol:
-            fail(f"the overlapped step differs from plain jit: relative error {error:.3g} > {tol:g}")
+        check_numerics(rows, error, tolerance)
         err.print(f"numerics: overlapped = plain jit within {error:.2g} (relative); timing {reps} steps each",
                   highlight=False)
         plain, ov, *variants = time_steps(bench.thunks(), reps=reps, warmup=warmup)

@@ -16,15 +16,15 @@ LOAD_TIMEOUT_S = 1800.0
 def bench_on_lab(tgt: Any, target: str, fkw: dict[str, Any], shape: dict[str, int] | None, explicit: bool,
                  chosen: Any, sources: dict[str, Any], tmp: str, *, reps: int, warmup: int, pairs: bool,
                  pair_reps: int, memory: float | None,
-                 attribute: bool = False, profile: int = 0) -> tuple[Any, list[dict[str, Any]], list[str], float, Any]:
-    from autotuner.cli.model import HANDLER
+                 attribute: bool = False, profile: int = 0, tolerance: float | None = None
+                 ) -> tuple[Any, list[dict[str, Any]], list[str], float, Any]:
+    from autotuner.cli.model import HANDLER, check_numerics
     from autotuner.lab import Lab, LabSpec, LabWorkerError
     from autotuner.measure.lab import LabRunner
     from autotuner.measure.steps import attribute as attribution
     from autotuner.measure.steps import compare, decomposed_units, pair_breakdown
     from autotuner.problem import problem_from_dict
     from autotuner.strategy import Strategy
-    from autotuner.testing import step_tolerance
 
     def say(m: str) -> None:
         err.print(m, highlight=False)
@@ -45,10 +45,7 @@ def bench_on_lab(tgt: Any, target: str, fkw: dict[str, Any], shape: dict[str, in
         if "error" in got:
             fail(f"the lab could not load {target}: {got['error']}")
         rows, notes, error = got["plan"], got["notes"], float(got["rel_error"])
-        dtypes = {problem_from_dict(r["problem"]).dtype for r in rows if r["problem"]} or {"float32"}
-        tol = step_tolerance(dtypes)
-        if not error <= tol:
-            fail(f"the overlapped step differs from plain jit: relative error {error:.3g} > {tol:g}")
+        check_numerics(rows, error, tolerance)
         say(f"numerics: overlapped = plain jit within {error:.2g} (relative); timing {reps} steps each")
         t = lab.call({"op": "step_time", "reps": reps, "warmup": warmup}, LOAD_TIMEOUT_S)
         if "error" in t:

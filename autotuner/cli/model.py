@@ -132,6 +132,27 @@ def plan_rows(plan: Any) -> list[dict[str, Any]]:
              "where": r.where, "note": r.note} for r in plan]
 
 
+TOLERANCE_HELP = ("the largest relative error of the overlapped step's outputs against plain jit's "
+                  "(default: the dtypes' step tolerance). A program whose outputs amplify rounding, e.g. "
+                  "Adam's first update divides each gradient by its own magnitude, may need more; the "
+                  "check is there to catch a wrong decomposition, whose error is of the outputs' size")
+
+
+def check_numerics(rows: list[dict[str, Any]], error: float, tolerance: float | None, what: str = "the overlapped step") -> float:
+    """The tolerance in force (`tolerance`, else the step tolerance of the plan's dtypes); fails
+    the command, saying how to read it, when `error` is above it."""
+    from autotuner.cli.common import fail
+    from autotuner.problem import problem_from_dict
+    from autotuner.testing import step_tolerance
+
+    tol = tolerance if tolerance is not None else step_tolerance(
+        {problem_from_dict(r["problem"]).dtype for r in rows if r["problem"]} or {"float32"})
+    if not error <= tol:
+        fail(f"{what} differs from plain jit: relative error {error:.3g} > {tol:g} (a wrong decomposition "
+             "differs by the outputs' own size; if this program amplifies rounding, --tolerance sets the bound)")
+    return tol
+
+
 def plan_notes(plan: Any) -> list[str]:
     """What concerns the whole program: the compiled step's temp memory, plain vs overlapped (and
     the bound the pass kept to), then the plan's notes."""

@@ -18,6 +18,7 @@ from typing import Annotated, Any
 import typer
 
 from autotuner.cli.common import app, db_url, err, fail, open_database
+from autotuner.cli.model import TOLERANCE_HELP
 from autotuner.cli.plan import MEMORY_HELP, memory_arg
 from autotuner.cli.program import FACTORY_HELP, parse_kwargs, parse_mesh
 
@@ -33,8 +34,9 @@ class _Rig:
         self.tol, self.warmup = tol, reps_warmup
 
     def _check(self, error: float) -> None:
-        if not error <= self.tol:
-            fail(f"a refinement variant differs from plain jit: relative error {error:.3g} > {self.tol:g}")
+        from autotuner.cli.model import check_numerics
+
+        check_numerics([], error, self.tol, "a refinement variant")
 
 
 class HereRig(_Rig):
@@ -104,6 +106,7 @@ def tune_model_cmd(
     candidates: Annotated[int, typer.Option(min=0, max=8, help="refinement: strategies tried per problem "
                                             "besides baseline (closest to the isolated winner first)")] = 2,
     memory: Annotated[str, typer.Option("--memory", help=MEMORY_HELP)] = "0.05",
+    tolerance: Annotated[float | None, typer.Option("--tolerance", min=0.0, help=TOLERANCE_HELP)] = None,
     json_out: Annotated[bool, typer.Option("--json", help="the result as one JSON object on stdout")] = False,
 ) -> None:
     from autotuner.measure.targets import Target, TargetError
@@ -130,7 +133,8 @@ def tune_model_cmd(
                 err.print(f"$ autotuner {' '.join(argv)}", highlight=False)
                 if subprocess.run([sys.executable, "-m", "autotuner.cli", *argv], stdout=sys.stderr).returncode:
                     fail(f"autotuner {argv[0]} failed; nothing was refined")
-        result = _refine(tgt, target, fkw, shape, explicit, url, tmp, reps=reps, k=candidates, memory=bound)
+        result = _refine(tgt, target, fkw, shape, explicit, url, tmp, reps=reps, k=candidates, memory=bound,
+                         tolerance=tolerance)
     if json_out:
         sys.stdout.write(json.dumps(result, default=str) + "\n")
     else:
@@ -138,15 +142,20 @@ def tune_model_cmd(
 
 
 def _refine(tgt: Any, target: str, fkw: dict[str, Any], shape: Any, explicit: bool, url: str, tmp: str, *,
-            reps: int, k: int, memory: float | None) -> dict[str, Any]:
+            reps: int, k: int, memory: float | None, tolerance: float | None) -> dict[str, Any]:
     from autotuner.cli.bench_lab import LOAD_TIMEOUT_S
-    from autotuner.cli.model import HANDLER, Bench, ModelError, load_factory, plan_rows
+    from autotuner.cli.model import (
+        HANDLER,
+        Bench,
+        ModelError,
+        check_numerics,
+        load_factory,
+        plan_rows,
+    )
     from autotuner.cli.winners import make_client
     from autotuner.lab import Lab, LabSpec, LabWorkerError
     from autotuner.measure.stats import ratio_ci
-    from autotuner.problem import problem_from_dict
     from autotuner.strategy import Strategy
-    from autotuner.testing import step_tolerance
     from autotuner.tune.refine import close_candidates, refine
 
     def say(m: str) -> None:
@@ -188,10 +197,7 @@ def _refine(tgt: Any, target: str, fkw: dict[str, Any], shape: Any, explicit: bo
                 fail(str(e))
             bench = Bench(prog, strategy, winners.client, memory)
             rows, program, error = plan_rows(bench.plan), bench.plan.program, bench.error()
-        dtypes = {problem_from_dict(r["problem"]).dtype for r in rows if r["problem"]} or {"float32"}
-        tol = step_tolerance(dtypes)
-        if not error <= tol:
-            fail(f"the overlapped step differs from plain jit: relative error {error:.3g} > {tol:g}")
+        tol = check_numerics(rows, error, tolerance)
         if not program:
             fail(f"{target} has no decomposable pair: nothing to refine")
         rig = (LabRig(lab, memory, tol, 2, LOAD_TIMEOUT_S) if lab is not None

@@ -54,13 +54,15 @@ def test_tune_model_times_close_candidates_in_the_step_stores_resumes_and_plan_u
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout.splitlines()[-1])
     (e,) = got["evidence"]
-    assert e["reps"] == 5 and [t["strategy_key"] for t in e["tried"]] == [RING.key]
+    # RING, and whatever the real isolated search put close to the winner (at most 2 besides baseline)
+    tried = [t["strategy_key"] for t in e["tried"]]
+    assert e["reps"] == 5 and RING.key in tried and len(tried) <= 3
     assert e["changed"] == (e["speedup_lo"] is not None and e["speedup_lo"] > 1)
     assert e["strategy"] == (RING.key if e["changed"] else e["previous"])
     assert len(got["refined_speedup"]) == 3 and "in the step" in r.stderr
     with Database(url).session(read_only=True) as s:
         (ev,) = repo.get_evidence(s, dev.key, got["program_key"])
-    assert ev.reps == 5 and ev.tried[0]["strategy_key"] == RING.key
+    assert ev.reps == 5 and [t["strategy_key"] for t in ev.tried] == tried
     # plan --db rests on it, and says so
     r = run(["plan", "tiny:program", "--db", url, "--json"], tmp_path)
     assert r.returncode == 0, r.stderr
