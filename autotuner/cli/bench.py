@@ -43,7 +43,7 @@ def print_report(res: Any, plan: list[dict[str, Any]], out: Any = None) -> None:
               f" (plain / overlapped, 95% interval)\n")
     if res.pairs:
         out.write("pairs, each timed alone (ms per run; x = runs per step; baseline rows: not decomposed; "
-                  "served rows: the dot reads another ring's kept gather, its collective is gone):\n")
+                  "served rows: the dot reads another ring's kept gather, shared with that dot in plain jit too, so no saving of its own):\n")
         head = ("problem", "strategy", "x", "baseline", "decomposed", "ratio", "collective", "einsum",
                 "saved/step")
         rows = [head] + [(t.key[:12], t.strategy, str(t.count), _ms(t.baseline_s), _ms(t.strategy_s),
@@ -77,9 +77,9 @@ def print_report(res: Any, plan: list[dict[str, Any]], out: Any = None) -> None:
 
 
 def print_profile(prof: dict[str, Any], out: Any) -> None:
-    """Both programs' `StepProfile`s (ms per step, medians): busy with collectives, compute, both
+    """Both programs' `StepProfile`s (ms per step, means): busy with collectives, compute, both
     at once, neither."""
-    out.write("where the step's time goes (process 0; XLA's thunk timings, median per step, ms; "
+    out.write("where the step's time goes (process 0; XLA's thunk timings, mean per step, ms; "
               "both: collectives beside compute; idle: neither):\n")
     head = ("program", "steps", "step", "collectives", "compute", "both", "idle", "by collective")
     rows = [head]

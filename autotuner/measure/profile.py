@@ -67,7 +67,8 @@ def _intersect(x: list[tuple[int, int]], y: list[tuple[int, int]]) -> int:
 
 @dataclass
 class StepProfile:
-    """Per step, medians over the traced steps (ms): ``step`` the executable's run, ``collective``
+    """Per step, means over the traced steps (ms; means, so that step = collective + compute -
+    overlap + idle holds for them as for each step): ``step`` the executable's run, ``collective``
     and ``compute`` the time this process had at least one thunk of that kind running,
     ``overlap`` both at once, ``idle`` neither; ``by_collective`` each collective kind's busy time."""
 
@@ -80,28 +81,23 @@ class StepProfile:
     by_collective: dict[str, float] = field(default_factory=dict)
 
 
-_LAUNCH = re.compile(r"^\[\d+\] CommonPjRtLoadedExecutable::Execute")
+_LAUNCH = re.compile(r"CommonPjRtLoadedExecutable::Execute(HelperOnSingleDevice\b| \()")
 _DONE = "ThunkExecutor::Execute (wait for completion)"
 
 
 def _steps(events: list[tuple[str, str, int, int]]) -> list[tuple[int, int]]:
-    """Each run of the executable on the first line that launches one: from its launch to the
-    executor's completion marker after it (the thunks themselves may run on other threads)."""
-    lines: dict[str, list[tuple[str, int, int]]] = {}
-    for line, name, a, b in events:
-        if _LAUNCH.match(name) or name == _DONE:
-            lines.setdefault(line, []).append((name, a, b))
-    for evs in lines.values():
-        out, start = [], None
-        for name, a, b in sorted(evs, key=lambda e: e[1]):
-            if name != _DONE:
-                start = a if start is None else start
-            elif start is not None:
-                out.append((start, max(a, b)))
-                start = None
-        if out:
-            return out
-    return []
+    """Each run of the executable: from its launch (on the calling thread; per device with
+    several) to the executor's first completion marker after it (on the device's thread)."""
+    marks = sorted((a, name == _DONE, max(a, b)) for _, name, a, b in events
+                   if name == _DONE or _LAUNCH.search(name))
+    out, start = [], None
+    for a, done, b in marks:
+        if not done:
+            start = a if start is None else start
+        elif start is not None:
+            out.append((start, b))
+            start = None
+    return out
 
 
 def summarize(events: Iterable[tuple[str, str, int, int]]) -> StepProfile | None:
@@ -130,9 +126,9 @@ def summarize(events: Iterable[tuple[str, str, int, int]]) -> StepProfile | None
         busy = _length(cu) + _length(pu) - both
         rows.append((b - a, _length(cu), _length(pu), both, (b - a) - busy,
                      {k: _length(_union(v)) for k, v in kinds.items()}))
-    med = [statistics.median(r[i] for r in rows) / 1e6 for i in range(5)]
+    med = [statistics.fmean(r[i] for r in rows) / 1e6 for i in range(5)]
     names = {k for r in rows for k in r[5]}
-    by = {k: statistics.median(r[5].get(k, 0) for r in rows) / 1e6 for k in sorted(names)}
+    by = {k: statistics.fmean(r[5].get(k, 0) for r in rows) / 1e6 for k in sorted(names)}
     return StepProfile(len(rows), *med, by_collective=by)
 
 

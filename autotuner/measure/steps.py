@@ -128,9 +128,12 @@ class PairTiming:
     @property
     def saved_s(self) -> float | None:
         """Predicted seconds saved per step: count x (baseline - decomposition); for a pair served
-        by another ring's kept gather (strategy "served"), its collective alone, which is gone."""
+        by another ring's kept gather (strategy "served"), nothing of its own: plain jit runs that
+        all-gather once for both dots too (a served pair exists because the gather's value is
+        shared), so the owner's ring replaces the one collective (bench-model --attribute measured
+        it: the served pairs' collectives alone never came back in the step)."""
         if self.strategy == SERVED:
-            return None if self.comm_s is None else self.count * self.comm_s
+            return 0.0
         if self.baseline_s is None or self.strategy_s is None:
             return None
         return self.count * (self.baseline_s - self.strategy_s)

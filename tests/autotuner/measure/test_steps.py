@@ -53,15 +53,16 @@ def test_time_steps_interleaves_and_counts():
     assert calls[:2] == [0, 1] and calls[2:] == [0, 1, 1, 0, 0, 1, 1, 0]   # order rotates
 
 
-def test_a_served_pair_saves_its_whole_collective():
-    """A dot that reads another ring's kept gather no longer runs its collective: its predicted
-    saving is that collective alone, and it counts among the decomposed pairs' collectives."""
+def test_a_served_pair_saves_nothing_of_its_own():
+    """A dot that reads another ring's kept gather shared that gather with the owner's dot in
+    plain jit already: no saving of its own; its collective still counts among the decomposed
+    pairs' collectives (the one the owner's ring replaces)."""
     from autotuner.measure.steps import SERVED
 
     t = PairTiming(["w"], "k", SERVED, 2, baseline_s=1.0, comm_s=0.25, comp_s=0.7)
     res = compare([5.0] * 3, [4.0] * 3, 3)
     res.pairs = [t]
-    assert t.saved_s == 0.5 and res.predicted_saved_s == 0.5 and res.decomposed_comm_s == 0.5
+    assert t.saved_s == 0.0 and res.predicted_saved_s == 0.0 and res.decomposed_comm_s == 0.5
 
 
 def test_attribution_recovers_each_problems_known_saving(monkeypatch):
