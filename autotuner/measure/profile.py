@@ -20,8 +20,11 @@ from typing import Any
 __all__ = ["COMPILE_OPTIONS", "StepProfile", "profile_steps", "summarize"]
 
 COMPILE_OPTIONS = {"xla_cpu_enable_xprof_traceme": True}   # XLA:CPU records each thunk it runs
+# thunks are named after their HLO instruction: XLA's own collectives by opcode, those a program
+# writes with jax.lax by the primitive (a ring's `ppermute`)
 COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "collective-permute", "all-to-all",
-               "collective-broadcast")
+               "collective-broadcast", "ppermute", "psum", "all_gather", "psum_scatter", "reduce_scatter",
+               "all_to_all")
 # thunks that only wrap others (their children are recorded too) and the runtime's own events
 _WRAPPERS = ("while", "conditional", "call", "sequential")
 _NOT_THUNK = re.compile(r"::|^end: |^\[|^Wait|^Rendezvous|^InvokeRendezvous|^Thread|^Handle |^Allocate|"

@@ -21,9 +21,9 @@ def step(t0: int, events: list[tuple[str, float, float]]) -> list[tuple[str, str
 
 
 def test_collectives_compute_overlap_and_idle_per_step():
-    # 0-3 all-reduce; 2-6 fusion (1 ms beside the all-reduce); 5-7 dot; 8-9 collective-permute-start;
+    # 0-3 all-reduce; 2-6 fusion (1 ms beside the all-reduce); 5-7 dot; 8-9 a ring's ppermute;
     # a while loop wrapping 5-7 (not counted twice); runtime events and end markers ignored
-    events = [("all-reduce.3", 0, 3), ("fusion.1", 2, 6), ("dot.7", 5, 7), ("collective-permute-start.2", 8, 9),
+    events = [("all-reduce.3", 0, 3), ("fusion.1", 2, 6), ("dot.7", 5, 7), ("ppermute.2", 8, 9),
               ("while.1", 5, 7), ("end: all-reduce.3", 3, 3), ("Rendezvous", 0, 3), ("Wait for x", 0, 1),
               ("ThunkExecutor::Execute", 5, 7)]   # an executor's own span: not a thunk
     evs = step(0, events) + step(20 * MS, events) + step(40 * MS, events)
@@ -32,7 +32,7 @@ def test_collectives_compute_overlap_and_idle_per_step():
     assert p.step_ms == pytest.approx(10) and p.collective_ms == pytest.approx(4)
     assert p.compute_ms == pytest.approx(5) and p.overlap_ms == pytest.approx(1)
     assert p.idle_ms == pytest.approx(10 - (4 + 5 - 1))
-    assert p.by_collective == pytest.approx({"all-reduce": 3, "collective-permute": 1})
+    assert p.by_collective == pytest.approx({"all-reduce": 3, "ppermute": 1})   # a ring's transfers
     assert summarize([("pool", "fusion", 0, 1)]) is None
 
 
