@@ -119,7 +119,7 @@ def tune(
             except MultiProcessError as e:
                 fail(str(e), code=1)
             return
-    items = load_items(problems, tgt.n or 1, scale)
+    items = load_items(problems, tgt.n or _local_devices(), scale)
     token = token_of(ctx, token, token_file)
     if service and not token:
         fail(f"--service needs a write token of the service: set {SERVICE_TOKEN_ENV}, or give --token-file "
@@ -355,3 +355,10 @@ def worker(
     except httpx.HTTPError as e:
         fail(f"cannot reach {service}: {e}")
     err.print(f"{n} job(s) done")
+
+
+def _local_devices() -> int:
+    """The built-in suite's mesh on `--target local`: every device of the job (all processes')."""
+    import jax
+
+    return jax.device_count()
