@@ -107,17 +107,30 @@ def test_a_killed_process_stops_the_run_and_a_rerun_completes(tmp_path: Path) ->
             if "strategies" in ln:
                 started.set()
 
+    outs: list[str] = []
+
+    def read_out() -> None:   # stdout on its own thread: the stderr reader owns that pipe
+        assert p.stdout is not None
+        outs.extend(p.stdout)
+
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
+    out_reader = threading.Thread(target=read_out, daemon=True)
+    out_reader.start()
     assert started.wait(180), "".join(err)
     time.sleep(2.0)  # compiling, then timing
     pid = _pid_of_process_1(str(tmp_path))
     assert pid is not None
     t0 = time.monotonic()
     os.kill(pid, signal.SIGKILL)
-    out = p.communicate(timeout=90)[0]
+    p.wait(timeout=90)
     took = time.monotonic() - t0
     reader.join(10)
+    out_reader.join(10)
+    for pipe in (p.stdout, p.stderr):
+        if pipe is not None:
+            pipe.close()
+    out = "".join(outs)
     text = out + "".join(err)
     assert p.returncode != 0 and took < 60, text[-3000:]
     # process 0 says so itself (its collective with process 1 broke), or `lab run` does
