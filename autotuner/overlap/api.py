@@ -329,7 +329,7 @@ class Overlapped:
         out = []
         for tag, r in zip(tags, rows, strict=True):
             if tag in shed and tag not in actions:
-                r = r.unapplied(shed[tag])
+                r = r.unapplied(shed[tag] + (f" (it was chosen: {r.note})" if r.note else ""))
             elif r.served_by and r.served_by in owners and tag not in interp.served:
                 r = replace(r, served_by="", note=r.note + "; its all-gather stays (the memory bound "
                             "dropped the kept copy)")
