@@ -192,3 +192,21 @@ def random_problem(rng: np.random.Generator, *, kind: str | None = None, n: int 
         "mesh": mesh,
     }
     return Problem.from_dict(d)
+
+
+def outputs_of(procs: list[Any], timeout: float) -> list[str]:
+    """The end of each process's combined output (Popen with stdout=PIPE), waiting for all; if
+    one outlives `timeout`, every process is killed and TimeoutExpired raised (a test's helper for
+    the processes of one multi-process job)."""
+    import subprocess
+
+    outputs = []
+    for p in procs:
+        try:
+            out, _ = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+        outputs.append(out.decode(errors="replace")[-3000:])
+    return outputs

@@ -27,7 +27,7 @@ from autotuner.examples import transformer as T
 from autotuner.overlap import OverlapError, injob, overlap
 from autotuner.runtime.client import Client
 from autotuner.runtime.collective import DECISIONS
-from autotuner.testing import TOLERANCE, relative_error
+from autotuner.testing import TOLERANCE, outputs_of, relative_error
 from db import Database
 from service.testing import WRITE_TOKEN, free_port, live_server
 
@@ -248,15 +248,7 @@ def test_two_processes_measure_in_lockstep_and_agree(server, tmp_path):
     procs = [subprocess.Popen([sys.executable, str(script), str(pid), str(port), server if pid == 0 else "-",
                                str(tmp_path / f"out{pid}.json"), WRITE_TOKEN], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for pid in (0, 1)]
-    outputs = []
-    for p in procs:
-        try:
-            out, _ = p.communicate(timeout=300)
-        except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            raise
-        outputs.append(out.decode(errors="replace")[-3000:])
+    outputs = outputs_of(procs, timeout=300)
     assert all(p.returncode == 0 for p in procs), "\n---\n".join(outputs)
     r0, r1 = (json.loads((tmp_path / f"out{pid}.json").read_text()) for pid in (0, 1))
     assert len(r0["rows"]) == 1 and r0["rows"][0][1] == "in-job", r0

@@ -25,6 +25,7 @@ import pytest
 
 from autotuner import Device, Problem, Strategy
 from autotuner.runtime.client import Client, ClientError, LookupResult
+from autotuner.testing import outputs_of
 from autotuner.tune import store
 from db import Database
 from service.testing import RING, free_port, live_server, measurements, problem
@@ -363,15 +364,7 @@ def test_two_processes_agree_when_only_process_0_reaches_the_service(tmp_path):
                                    str(tmp_path / f"out{pid}.json")], env=env,
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
                  for pid in (0, 1)]
-        outputs = []
-        for p in procs:
-            try:
-                out, _ = p.communicate(timeout=180)
-            except subprocess.TimeoutExpired:
-                for q in procs:
-                    q.kill()
-                raise
-            outputs.append(out.decode(errors="replace")[-3000:])
+        outputs = outputs_of(procs, timeout=180)
         assert all(p.returncode == 0 for p in procs), "\n---\n".join(outputs)
     database.dispose()
     r0, r1 = (json.loads((tmp_path / f"out{pid}.json").read_text()) for pid in (0, 1))
