@@ -13,11 +13,11 @@ from typing import Annotated, Any
 
 import typer
 
-from autotuner.cli.common import app, err, fail, fmt
+from autotuner.cli.common import app, err, fmt
 from autotuner.cli.model import TOLERANCE_HELP
-from autotuner.cli.plan import MEMORY_HELP, memory_arg, print_plan, strategy_arg
-from autotuner.cli.program import FACTORY_HELP, parse_kwargs, parse_mesh
-from autotuner.cli.winners import SOURCE_HELP, make_client
+from autotuner.cli.plan import MEMORY_HELP, print_plan, strategy_arg
+from autotuner.cli.program import FACTORY_HELP
+from autotuner.cli.winners import SOURCE_HELP
 
 HELP = f"""Benchmark a program's step: plain jax.jit against autotuner.overlap(fn), interleaved in one run (median and 95% interval per step, speedup with its interval), with the per-pair breakdown: every pair timed alone (baseline, its decomposition, the collective alone, the einsum alone).
 
@@ -115,6 +115,12 @@ def print_attribution(res: Any, out: Any) -> None:
               f"{_ms(sum(a.alone_saved_s for a in res.attribution))} ms, without "
               f"{_ms(sum(a.without_saved_s for a in res.attribution))} ms; measured saving "
               f"{_ms(res.measured_saved_s)} ms\n")
+    inter = res.interaction_saved_s
+    if inter is not None and len(res.attribution) > 1:
+        alone = sum(a.alone_saved_s for a in res.attribution)
+        out.write(f"interaction between problems ((without - alone) / 2, one term per pair of problems): "
+                  f"{_ms(inter)} ms; alone + interaction {_ms(alone + inter)} ms against the measured "
+                  f"{_ms(res.measured_saved_s)} ms\n")
 
 
 @app.command("bench-model", help=HELP)
@@ -147,31 +153,17 @@ def bench_cmd(
     store: Annotated[bool, typer.Option("--store/--no-store", help="store the result in the --db database "
                                         "(default with --db)")] = True,
 ) -> None:
-    from autotuner.measure.targets import Target, TargetError
+    from autotuner.cli.on_target import open_program, say, target_args
 
     chosen = strategy_arg(strategy)
-    bound = memory_arg(memory)
-    try:
-        tgt = Target.parse(on)
-    except TargetError as e:
-        fail(str(e))
-    shape = parse_mesh(mesh)
-    fkw = parse_kwargs(kwargs)
-    with tempfile.TemporaryDirectory(prefix="autotuner-bench-") as tmp:
-        if tgt.kind == "lab":
-            from autotuner.cli.bench_lab import bench_on_lab
-
-            res, plan, notes, error, dev = bench_on_lab(
-                tgt, target, fkw, shape, explicit, chosen, dict(db=db, service=service, snapshot=snapshot,
-                                                                 device=device), tmp,
-                reps=reps, warmup=warmup, pairs=pairs, pair_reps=pair_reps, memory=bound,
-                attribute=attribute, profile=profile, tolerance=tolerance)
-        else:
-            res, plan, notes, error, dev = _bench_here(
-                tgt, target, fkw, shape, explicit, chosen, dict(db=db, service=service, snapshot=snapshot,
-                                                                 device=device), tmp,
-                reps=reps, warmup=warmup, pairs=pairs, pair_reps=pair_reps, memory=bound,
-                attribute=attribute, profile=profile, tolerance=tolerance)
+    tgt, shape, fkw, bound = target_args(on, mesh, kwargs, memory)
+    sources = dict(db=db, service=service, snapshot=snapshot, device=device)
+    with tempfile.TemporaryDirectory(prefix="autotuner-bench-") as tmp, \
+            open_program(tgt, target, fkw, shape, explicit, chosen, sources, tmp, memory=bound,
+                         attribute=attribute) as prog:
+        res = _bench(prog, reps=reps, warmup=warmup, pairs=pairs, pair_reps=pair_reps, attribute=attribute,
+                     profile=profile, tolerance=tolerance, log=say)
+    plan, notes, error, dev = prog.rows, prog.notes, prog.error, prog.device
     stored: dict[str, Any] = {}
     if db and store:
         from autotuner.cli.bench_store import bench_values, store_bench
@@ -190,51 +182,23 @@ def bench_cmd(
         print_report(res, plan)
 
 
-def _bench_here(tgt: Any, target: str, fkw: dict[str, Any], shape: dict[str, int] | None, explicit: bool,
-                chosen: Any, sources: dict[str, Any], tmp: str, *, reps: int, warmup: int, pairs: bool,
-                pair_reps: int, memory: float | None, attribute: bool = False, profile: int = 0,
-                tolerance: float | None = None) -> tuple[Any, list[dict[str, Any]], list[str], float, Any]:
-    from autotuner.cli.model import (
-        Bench,
-        ModelError,
-        check_numerics,
-        load_factory,
-        plan_notes,
-        plan_rows,
-    )
-    from autotuner.cli.plan import mesh_size
+def _bench(prog: Any, *, reps: int, warmup: int, pairs: bool, pair_reps: int, attribute: bool, profile: int,
+           tolerance: float | None, log: Any) -> Any:
+    """The opened program (`on_target.Opened`) checked and timed: plain and the plan interleaved,
+    then as asked each decomposed pair alone, the attribution's variants, the profile."""
+    from autotuner.cli.model import check_numerics
     from autotuner.measure.steps import attribute as attribution
-    from autotuner.measure.steps import compare, decomposed_units, pair_breakdown, time_steps
-    from autotuner.measure.targets import TargetError, TargetSession
+    from autotuner.measure.steps import compare, decomposed_units, pair_breakdown
 
-    try:
-        session = TargetSession(tgt, log=lambda m: err.print(m, highlight=False))
-    except TargetError as e:
-        fail(str(e))
-    with session:
-        try:
-            prog = load_factory(target, fkw, shape, explicit)
-        except ModelError as e:
-            fail(str(e))
-        winners = make_client(**sources, n=mesh_size(prog), tmpdir=tmp, prefer=session.device.key)
-        err.print(f"benchmarking {target} on {tgt.text}; {winners.where}", highlight=False)
-        if attribute:
-            err.print("attribution: compiling the step with each decomposed problem alone and the plan "
-                      "without it", highlight=False)
-        bench = Bench(prog, chosen, winners.client, memory, attribute)
-        rows = plan_rows(bench.plan)
-        error = bench.error()
-        check_numerics(rows, error, tolerance)
-        err.print(f"numerics: overlapped = plain jit within {error:.2g} (relative); timing {reps} steps each",
-                  highlight=False)
-        plain, ov, *variants = time_steps(bench.thunks(), reps=reps, warmup=warmup)
-        res = compare(plain, ov, reps)
-        if pairs:
-            res.pairs = pair_breakdown(bench.plan, session.runner, reps=pair_reps,
-                                       log=lambda m: err.print(m, highlight=False))
-        if attribute:
-            res.attribution = attribution(decomposed_units(bench.plan), plain, ov, variants[0::2],
-                                          variants[1::2], res.pairs)
-        if profile:
-            res.profile = bench.profile(profile)
-    return res, rows, plan_notes(bench.plan) + bench.variant_notes, error, session.device
+    check_numerics(prog.rows, prog.error, tolerance)
+    log(f"numerics: overlapped = plain jit within {prog.error:.2g} (relative); timing {reps} steps each")
+    plain, ov, *variants = prog.time(reps, warmup)
+    res = compare(plain, ov, reps)
+    if pairs:
+        res.pairs = pair_breakdown(prog.plan, prog.runner_for, reps=pair_reps, log=log)
+    if profile:
+        res.profile = prog.profile(profile)
+    if attribute:
+        res.attribution = attribution(decomposed_units(prog.plan), plain, ov, variants[0::2], variants[1::2],
+                                      res.pairs)
+    return res

@@ -19,60 +19,30 @@ import typer
 
 from autotuner.cli.common import app, db_url, err, fail, open_database
 from autotuner.cli.model import TOLERANCE_HELP
-from autotuner.cli.plan import MEMORY_HELP, memory_arg
-from autotuner.cli.program import FACTORY_HELP, parse_kwargs, parse_mesh
+from autotuner.cli.plan import MEMORY_HELP
+from autotuner.cli.program import FACTORY_HELP
 
 HELP = f"""Tune a program's problems and refine the choices in the program itself: extract -> tune (each problem alone) -> refinement (per problem, the candidates close to its isolated winner and baseline, timed in the whole step, interleaved; a change kept only when the step's 95% interval says it is faster). The results are stored in --db as in-program evidence, which autotuner.overlap and `plan` prefer for the same program. Rerun to resume: problems already refined for this program are not timed again.
 
 {FACTORY_HELP} Example: autotuner tune-model autotuner.examples.transformer:train_step --explicit --mesh '{{"model": 2}}' --target lab:shared:2:2gbit --db sqlite:///autotuner.db"""
 
 
-class _Rig:
-    """The program on a target, as `refine` times it: plain, the isolated plan, the variants."""
+class Rig:
+    """The opened program (`on_target.Opened`) as `refine` times it: plain, the isolated plan, the
+    variants; each set of variants checked against plain jit before it is timed."""
 
-    def __init__(self, tol: float, reps_warmup: int) -> None:
-        self.tol, self.warmup = tol, reps_warmup
-
-    def _check(self, error: float) -> None:
-        from autotuner.cli.model import check_numerics
-
-        check_numerics([], error, self.tol, "a refinement variant")
-
-
-class HereRig(_Rig):
-    def __init__(self, bench: Any, memory: float | None, tol: float, warmup: int) -> None:
-        super().__init__(tol, warmup)
-        self.bench, self.memory = bench, memory
+    def __init__(self, prog: Any, memory: float | None, tol: float, warmup: int) -> None:
+        self.prog, self.memory, self.tol, self.warmup = prog, memory, tol, warmup
 
     def variants(self, choices: list[dict[str, Any]]) -> list[set[str]]:
-        applied = self.bench.set_variants(choices, self.memory)
-        self._check(self.bench.error(variants_only=True))
+        from autotuner.cli.model import check_numerics
+
+        applied, error = self.prog.set_variants(choices, self.memory)
+        check_numerics([], error, self.tol, "a refinement variant")
         return applied
 
     def time(self, reps: int) -> list[list[float]]:
-        from autotuner.measure.steps import time_steps
-
-        return time_steps(self.bench.thunks(), reps=reps, warmup=self.warmup)
-
-
-class LabRig(_Rig):
-    def __init__(self, lab: Any, memory: float | None, tol: float, warmup: int, timeout: float) -> None:
-        super().__init__(tol, warmup)
-        self.lab, self.memory, self.timeout = lab, memory, timeout
-
-    def variants(self, choices: list[dict[str, Any]]) -> list[set[str]]:
-        got = self.lab.call({"op": "step_variants", "memory": self.memory,
-                             "choices": [{k: s.to_dict() for k, s in c.items()} for c in choices]}, self.timeout)
-        if "error" in got:
-            fail(f"the lab could not build the variants: {got['error']}")
-        self._check(float(got["rel_error"]))
-        return [set(a) for a in got["applied"]]
-
-    def time(self, reps: int) -> list[list[float]]:
-        t = self.lab.call({"op": "step_time", "reps": reps, "warmup": self.warmup}, self.timeout)
-        if "error" in t:
-            fail(f"the lab could not time the step: {t['error']}")
-        return [t["plain"], t["overlapped"], *t["variants"]]
+        return self.prog.time(reps, self.warmup)
 
 
 def units_of(plan_rows: list[dict[str, Any]], current: dict[str, Any], candidates: Any) -> list[Any]:
@@ -109,17 +79,11 @@ def tune_model_cmd(
     tolerance: Annotated[float | None, typer.Option("--tolerance", min=0.0, help=TOLERANCE_HELP)] = None,
     json_out: Annotated[bool, typer.Option("--json", help="the result as one JSON object on stdout")] = False,
 ) -> None:
-    from autotuner.measure.targets import Target, TargetError
+    from autotuner.cli.on_target import target_args
 
     if not db:
         fail("--db is required: tune-model stores winners and in-program evidence there")
-    bound = memory_arg(memory)
-    try:
-        tgt = Target.parse(on)
-    except TargetError as e:
-        fail(str(e))
-    shape = parse_mesh(mesh)
-    fkw = parse_kwargs(kwargs)
+    tgt, shape, fkw, bound = target_args(on, mesh, kwargs, memory)
     url = db_url(db)
     open_database(url).engine.dispose()   # created and migrated here, once
     common = [*(["--mesh", json.dumps(shape)] if shape else []), "--kwargs", json.dumps(fkw),
@@ -143,73 +107,31 @@ def tune_model_cmd(
 
 def _refine(tgt: Any, target: str, fkw: dict[str, Any], shape: Any, explicit: bool, url: str, tmp: str, *,
             reps: int, k: int, memory: float | None, tolerance: float | None) -> dict[str, Any]:
-    from autotuner.cli.bench_lab import LOAD_TIMEOUT_S
-    from autotuner.cli.model import (
-        HANDLER,
-        Bench,
-        ModelError,
-        check_numerics,
-        load_factory,
-        plan_rows,
-    )
-    from autotuner.cli.winners import make_client
-    from autotuner.lab import Lab, LabSpec, LabWorkerError
+    from autotuner.cli.model import check_numerics
+    from autotuner.cli.on_target import open_program, say
     from autotuner.measure.stats import ratio_ci
+    from autotuner.snapshot import device_values
     from autotuner.strategy import Strategy
     from autotuner.tune.refine import close_candidates, refine
+    from db import repository as repo
 
-    def say(m: str) -> None:
-        err.print(m, highlight=False)
-
-    lab = session = None
-    try:
-        if tgt.kind == "lab":
-            from autotuner.measure.lab import LabRunner
-
-            spec = LabSpec.parse(tgt.text)
-            lab = Lab(spec, HANDLER, log=say)
-            lab.start()
-            dev = LabRunner(lab, compile_timeout=LOAD_TIMEOUT_S, log=say).device()
-            n = spec.n
-        else:
-            from autotuner.measure.targets import TargetSession
-
-            session = TargetSession(tgt, log=say)
-            dev, n = session.device, session.num_devices
-        winners = make_client(db=url, service=None, snapshot=None, device=None, n=n, tmpdir=tmp, prefer=dev.key)
+    def same_device(winners: Any, dev: Any) -> None:
         if winners.device is not None and winners.device.key != dev.key:
             fail(f"--db holds winners for {winners.device.label}, not for the target's device {dev.label}: "
                  "tune on this target first (leave out --skip-tune)")
-        say(f"refining {target} on {tgt.text} ({dev.label}); {winners.where}")
-        strategy = "auto"
-        if lab is not None:
-            got = lab.call({"op": "step_load", "target": target, "kwargs": fkw, "mesh": shape, "explicit": explicit,
-                            "strategy": strategy, "memory": memory, "snapshot": winners.snapshot,
-                            "device": winners.device.to_dict() if winners.device is not None else None},
-                           LOAD_TIMEOUT_S)
-            if "error" in got:
-                fail(f"the lab could not load {target}: {got['error']}")
-            rows, program, error = got["plan"], got.get("program", ""), float(got["rel_error"])
-        else:
-            try:
-                prog = load_factory(target, fkw, shape, explicit)
-            except ModelError as e:
-                fail(str(e))
-            bench = Bench(prog, strategy, winners.client, memory)
-            rows, program, error = plan_rows(bench.plan), bench.plan.program, bench.error()
-        tol = check_numerics(rows, error, tolerance)
-        if not program:
+
+    sources = dict(db=url, service=None, snapshot=None, device=None)
+    with open_program(tgt, target, fkw, shape, explicit, "auto", sources, tmp, memory=memory, verb="refining",
+                      check=same_device) as prog:
+        tol = check_numerics(prog.rows, prog.error, tolerance)
+        if not prog.program:
             fail(f"{target} has no decomposable pair: nothing to refine")
-        rig = (LabRig(lab, memory, tol, 2, LOAD_TIMEOUT_S) if lab is not None
-               else HereRig(bench, memory, tol, 2))
-        current = {r["key"]: Strategy.from_dict(r["strategy_dict"]) for r in rows
+        program, dev, rig = prog.program, prog.device, Rig(prog, memory, tol, 2)
+        current = {r["key"]: Strategy.from_dict(r["strategy_dict"]) for r in prog.rows
                    if r["problem"] is not None and r["applied"]}
         label = f"{target} {json.dumps(fkw, sort_keys=True)}"[:1024]
         database = open_database(url)
         try:
-            from autotuner.snapshot import device_values
-            from db import repository as repo
-
             with database.session() as s:
                 dev_row = repo.upsert_device(s, **device_values(dev))
                 stored = {e.problem_key: _evidence(e) for e in repo.get_evidence(s, dev.key, program)}
@@ -220,7 +142,7 @@ def _refine(tgt: Any, target: str, fkw: dict[str, Any], shape: Any, explicit: bo
                     ms = repo.list_measurements(s, p.id, dev_row.id) if p is not None else []
                 return list(close_candidates(ms, cur, k))
 
-            units = units_of(rows, current, cands)
+            units = units_of(prog.rows, current, cands)
             say(f"program {program}: {len(units)} problem(s), {len(stored)} with stored evidence; "
                 f"{reps} interleaved steps per program")
 
@@ -239,16 +161,7 @@ def _refine(tgt: Any, target: str, fkw: dict[str, Any], shape: Any, explicit: bo
         # before / after, interleaved: plain, the isolated plan, the refined plan
         rig.variants([final])
         plain, isolated, refined = rig.time(reps)
-        iso = ratio_ci(plain, isolated)
-        ref = ratio_ci(plain, refined)
-        gain = ratio_ci(isolated, refined)
-    except LabWorkerError as e:
-        fail(f"the lab failed: {e}")
-    finally:
-        if lab is not None:
-            lab.close()
-        if session is not None:
-            session.close()
+    iso, ref, gain = ratio_ci(plain, isolated), ratio_ci(plain, refined), ratio_ci(isolated, refined)
     return {"program": target, "kwargs": fkw, "target": tgt.text, "device": dev.to_dict(), "device_key": dev.key,
             "program_key": program,
             "units": [{"key": u.key, "name": u.name, "count": u.count,
