@@ -60,7 +60,7 @@ def layout_map(device_mesh: Any, sp: bool, layout: str = "megatron") -> Any:
     return lm
 
 
-def build(mesh: Mesh, sp: bool, layout: str = "megatron", layers: int = meshes.LAYERS) -> tuple[Any, Any]:
+def build(mesh: Mesh, sp: bool, layout: str = "megatron", sz: meshes.Size = meshes.TINY) -> tuple[Any, Any]:
     """(the compiled LlamaCausalLM, its ModelParallel distribution), variables placed on `mesh`.
     The initial weights are seeded, so every process of a multi-process run builds the same model."""
     keras.utils.set_random_seed(0)
@@ -70,8 +70,8 @@ def build(mesh: Mesh, sp: bool, layout: str = "megatron", layers: int = meshes.L
                                             batch_dim_name="data")
     with dist.scope():
         backbone = keras_hub.models.LlamaBackbone(
-            vocabulary_size=meshes.VOCAB, num_layers=layers, num_query_heads=meshes.HEADS,
-            num_key_value_heads=meshes.HEADS, hidden_dim=meshes.HIDDEN, intermediate_dim=meshes.MLP,
+            vocabulary_size=sz.vocab, num_layers=sz.layers, num_query_heads=sz.heads,
+            num_key_value_heads=sz.heads, hidden_dim=sz.hidden, intermediate_dim=sz.mlp,
             dtype="float32")
         model = keras_hub.models.LlamaCausalLM(backbone=backbone, preprocessor=None)
         model.compile(optimizer=keras.optimizers.AdamW(1e-3), sampler="greedy")
@@ -79,9 +79,9 @@ def build(mesh: Mesh, sp: bool, layout: str = "megatron", layers: int = meshes.L
     return model, dist
 
 
-def _inputs(mesh: Mesh) -> tuple[dict[str, jax.Array], jax.Array, jax.Array]:
+def _inputs(mesh: Mesh, sz: meshes.Size = meshes.TINY) -> tuple[dict[str, jax.Array], jax.Array, jax.Array]:
     """(x, y, sample_weight): token ids and padding mask, next-token targets and their weights."""
-    ids = meshes.tokens(mesh)
+    ids = meshes.tokens(mesh, sz=sz)
     data = NamedSharding(mesh, P("data", None))
     y = jax.device_put(jnp.roll(ids, -1, axis=1), data)
     w = jax.device_put(jnp.ones(ids.shape, jnp.int32).at[:, -1].set(0), data)
@@ -105,10 +105,12 @@ def forward(mesh: Mesh | None = None, sp: bool = False, layout: str = "megatron"
 
 
 def train_step(mesh: Mesh | None = None, sp: bool = False, layout: str = "megatron",
-               layers: int = meshes.LAYERS) -> tuple[Callable[..., Any], tuple[Any, ...]]:
-    """(jitted Keras train_step(state, x, y, sample_weight) -> (logs, state), its arguments)."""
+               layers: int = meshes.LAYERS, **size: int) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """(jitted Keras train_step(state, x, y, sample_weight) -> (logs, state), its arguments);
+    `size`: `meshes.Size`'s fields other than layers (hidden, heads, mlp, vocab, batch, seq)."""
     mesh = data_model_mesh(mesh)
-    model, dist = build(mesh, sp, layout, layers)
+    sz = meshes.size(layers=layers, **size)
+    model, dist = build(mesh, sp, layout, sz)
 
     def step(state: Any, x: dict[str, jax.Array], y: jax.Array, w: jax.Array) -> Any:
         with dist.scope():
@@ -117,7 +119,7 @@ def train_step(mesh: Mesh | None = None, sp: bool = False, layout: str = "megatr
     state = tuple([v.value for v in vs] for vs in (
         model.trainable_variables, model.non_trainable_variables, model.optimizer.variables,
         model.metrics_variables))
-    return jax.jit(step), (state, *_inputs(mesh))
+    return jax.jit(step), (state, *_inputs(mesh, sz))
 
 
 def forward_sp(mesh: Mesh | None = None, layout: str = "megatron") -> tuple[Callable[..., Any], tuple[Any, ...]]:
@@ -125,7 +127,7 @@ def forward_sp(mesh: Mesh | None = None, layout: str = "megatron") -> tuple[Call
     return forward(mesh, sp=True, layout=layout)
 
 
-def train_step_sp(mesh: Mesh | None = None, layout: str = "megatron", layers: int = meshes.LAYERS
-                  ) -> tuple[Callable[..., Any], tuple[Any, ...]]:
-    """`train_step` with sequence parallelism (`layers` transformer blocks)."""
-    return train_step(mesh, sp=True, layout=layout, layers=layers)
+def train_step_sp(mesh: Mesh | None = None, layout: str = "megatron", layers: int = meshes.LAYERS,
+                  **size: int) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """`train_step` with sequence parallelism (`layers` transformer blocks, `size` as there)."""
+    return train_step(mesh, sp=True, layout=layout, layers=layers, **size)

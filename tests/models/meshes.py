@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
 from typing import Any
 
 import jax
@@ -18,6 +19,43 @@ LAYERS, HIDDEN, HEADS, HEAD_DIM, MLP, VOCAB = 2, 256, 8, 32, 512, 128
 BATCH, SEQ = 2, 32
 
 
+@dataclass(frozen=True)
+class Size:
+    """A model's size: the tiny default above, or what a factory's keyword arguments set (e.g.
+    `--kwargs '{"hidden": 512, "mlp": 1024, "seq": 128}'` for a step whose collectives move
+    enough to time). Keep batch x seq / model below hidden for sequence parallelism (see above)."""
+
+    layers: int = LAYERS
+    hidden: int = HIDDEN
+    heads: int = HEADS
+    mlp: int = MLP
+    vocab: int = VOCAB
+    batch: int = BATCH
+    seq: int = SEQ
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+
+TINY = Size()
+
+
+def size(**kw: int) -> Size:
+    """A Size from keyword arguments (unknown names, non-integers or a hidden size the heads do not
+    divide raise ValueError)."""
+    names = {f.name for f in fields(Size)}
+    bad = sorted(set(kw) - names)
+    if bad:
+        raise ValueError(f"unknown size argument(s) {bad}; known: {sorted(names)}")
+    if any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in kw.values()):
+        raise ValueError(f"size arguments must be positive integers, got {kw}")
+    got = Size(**kw)
+    if got.hidden % got.heads:
+        raise ValueError(f"hidden {got.hidden} is not a multiple of heads {got.heads}")
+    return got
+
+
 def data_model_mesh(mesh: Mesh | None = None) -> Mesh:
     """`mesh` if it has the axes data and model, else a new 2x2 one over the first 4 devices."""
     if mesh is None:
@@ -29,10 +67,10 @@ def data_model_mesh(mesh: Mesh | None = None) -> Mesh:
     return mesh
 
 
-def tokens(mesh: Mesh, seed: int = 0) -> Any:
-    """[BATCH, SEQ] int32 token ids, the batch sharded over data."""
+def tokens(mesh: Mesh, seed: int = 0, sz: Size = TINY) -> Any:
+    """[batch, seq] int32 token ids, the batch sharded over data."""
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    ids = jax.random.randint(jax.random.key(seed), (BATCH, SEQ), 0, VOCAB, dtype="int32")
+    ids = jax.random.randint(jax.random.key(seed), (sz.batch, sz.seq), 0, sz.vocab, dtype="int32")
     return jax.device_put(ids, NamedSharding(mesh, P("data", None)))

@@ -36,16 +36,16 @@ PARAM_AXES = {"heads": "model", "neurons": "model"}
 ACTIVATION_AXES = {"batch": "data", "seq": "model"}
 
 
-def _config() -> ll.LlamalikeTransformerConfig:
+def _config(sz: meshes.Size) -> ll.LlamalikeTransformerConfig:
     return ll.LlamalikeTransformerConfig(
-        num_kv_heads=meshes.HEADS, query_head_multiplier=1, embedding_dim=meshes.HIDDEN,
-        projection_dim=meshes.HEAD_DIM, mlp_hidden_dim=meshes.MLP, num_decoder_blocks=meshes.LAYERS,
-        vocab_size=meshes.VOCAB, mlp_variant="swiglu", tie_embedder_and_logits=False)
+        num_kv_heads=sz.heads, query_head_multiplier=1, embedding_dim=sz.hidden,
+        projection_dim=sz.head_dim, mlp_hidden_dim=sz.mlp, num_decoder_blocks=sz.layers,
+        vocab_size=sz.vocab, mlp_variant="swiglu", tie_embedder_and_logits=False)
 
 
-def build(mesh: Mesh, sp: bool) -> tuple[Any, Any]:
+def build(mesh: Mesh, sp: bool, sz: meshes.Size = meshes.TINY) -> tuple[Any, Any]:
     """(the model with its parameters unbound, the parameters placed on `mesh`)."""
-    model = ll.build_llamalike_transformer(_config(), init_base_rng=jax.random.key(0))
+    model = ll.build_llamalike_transformer(_config(sz), init_base_rng=jax.random.key(0))
     if sp:
         constrain = sharding_util.ConstrainShardingByName(mesh, ACTIVATION_AXES)
         model = (pz.select(model)
@@ -70,10 +70,12 @@ def forward(mesh: Mesh | None = None, sp: bool = False) -> tuple[Callable[..., A
     return jax.jit(_logits(unbound)), (params, meshes.tokens(mesh))
 
 
-def train_step(mesh: Mesh | None = None, sp: bool = False) -> tuple[Callable[..., Any], tuple[Any, ...]]:
-    """(jitted step(params, opt_state, tokens) -> (params, opt_state, loss), its arguments)."""
+def train_step(mesh: Mesh | None = None, sp: bool = False, **size: int) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """(jitted step(params, opt_state, tokens) -> (params, opt_state, loss), its arguments);
+    `size`: `meshes.Size`'s fields (layers, hidden, heads, mlp, vocab, batch, seq)."""
     mesh = data_model_mesh(mesh)
-    unbound, params = build(mesh, sp)
+    sz = meshes.size(**size)
+    unbound, params = build(mesh, sp, sz)
     logits = _logits(unbound)
     opt = optax.adamw(1e-3)
 
@@ -86,7 +88,7 @@ def train_step(mesh: Mesh | None = None, sp: bool = False) -> tuple[Callable[...
         updates, opt_state = opt.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
-    return jax.jit(step), (params, jax.jit(opt.init)(params), meshes.tokens(mesh))
+    return jax.jit(step), (params, jax.jit(opt.init)(params), meshes.tokens(mesh, sz=sz))
 
 
 def forward_sp(mesh: Mesh | None = None) -> tuple[Callable[..., Any], tuple[Any, ...]]:
@@ -94,6 +96,6 @@ def forward_sp(mesh: Mesh | None = None) -> tuple[Callable[..., Any], tuple[Any,
     return forward(mesh, sp=True)
 
 
-def train_step_sp(mesh: Mesh | None = None) -> tuple[Callable[..., Any], tuple[Any, ...]]:
-    """`train_step` with sequence parallelism."""
-    return train_step(mesh, sp=True)
+def train_step_sp(mesh: Mesh | None = None, **size: int) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """`train_step` with sequence parallelism (`size` as there)."""
+    return train_step(mesh, sp=True, **size)

@@ -98,3 +98,15 @@ def test_the_factories_run() -> None:
         params, opt_state, loss = step(params, opt_state, tokens)
         losses.append(float(loss))
     assert losses[-1] < losses[0]
+
+
+def test_a_larger_size_keeps_the_hand_counted_pairs() -> None:
+    """The size the README's attribution runs at (`--kwargs` of the factory): the same pairs as
+    the tiny default, on shapes of that size; a bad size argument is refused."""
+    fn, args = penzai_llama.train_step_sp(hidden=512, heads=8, mlp=1024, batch=2, seq=192)
+    report = extract_report(fn, *args)
+    assert summary(report) == EXPECTED["train_step_sp"]
+    members = [m for p, _ in report.problems for m in getattr(p, "members", (p,))]
+    assert {d for m in members for d in m.lhs.shape + m.rhs.shape} >= {512, 1024}
+    with pytest.raises(ValueError, match="not a multiple of heads"):
+        penzai_llama.train_step_sp(hidden=500)
