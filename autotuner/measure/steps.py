@@ -183,8 +183,20 @@ class StepBench:
         if self.attribution is not None:
             d.update(alone_sum_saved_s=sum(a.alone_saved_s for a in self.attribution),
                      without_sum_saved_s=sum(a.without_saved_s for a in self.attribution),
-                     measured_saved_s=self.measured_saved_s)
+                     interaction_saved_s=self.interaction_saved_s, measured_saved_s=self.measured_saved_s)
         return d
+
+    @property
+    def interaction_saved_s(self) -> float | None:
+        """What the problems save together beyond their savings alone, from the attribution's two
+        sums: where a step's saving is each problem's own (a_i) plus one term per pair of problems
+        (b_ij), alone_i = a_i and without_i = a_i + sum_j b_ij, so sum b_ij = (without - alone) / 2
+        and the plan saves (alone + without) / 2. Measured figures only; None without attribution."""
+        if not self.attribution:
+            return None
+        alone = sum(a.alone_saved_s for a in self.attribution)
+        without = sum(a.without_saved_s for a in self.attribution)
+        return (without - alone) / 2
 
     @property
     def measured_saved_s(self) -> float:

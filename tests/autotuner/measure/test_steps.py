@@ -103,6 +103,24 @@ def test_attribution_recovers_each_problems_known_saving(monkeypatch):
     assert math.isclose(d["alone_sum_saved_s"], 4.0, abs_tol=0.02) and d["attribution"][0]["key"] == "kA"
 
 
+def test_the_interaction_of_problems_is_what_the_sums_leave():
+    """Two problems that save more together (5) than alone (2 + 1): the pairwise term the two sums
+    give, (without - alone) / 2 = 2, is what the alone sum misses of the measured saving."""
+    from autotuner.measure.steps import Unit, attribute
+
+    cost = {"plain": 10.0, "plan": 5.0, "alone A": 8.0, "without A": 9.0, "alone B": 9.0, "without B": 8.0}
+    series = {k: [v + 0.01 * i for i in range(7)] for k, v in cost.items()}
+    rows = attribute([Unit("kA", "a", 1), Unit("kB", "b", 1)], series["plain"], series["plan"],
+                     [series["alone A"], series["alone B"]], [series["without A"], series["without B"]])
+    res = compare(series["plain"], series["plan"], 7)
+    assert res.interaction_saved_s is None
+    res.attribution = rows
+    assert math.isclose(sum(r.alone_saved_s for r in rows), 3.0, abs_tol=1e-9)
+    assert math.isclose(sum(r.without_saved_s for r in rows), 7.0, abs_tol=1e-9)
+    assert math.isclose(res.interaction_saved_s, 2.0, abs_tol=1e-9)
+    assert math.isclose(res.to_dict()["interaction_saved_s"] + 3.0, res.measured_saved_s, abs_tol=1e-9)
+
+
 def test_decomposed_units_count_a_group_once_per_run():
     from types import SimpleNamespace
 
