@@ -122,10 +122,52 @@ def temp_bytes(compiled: Any) -> int | None:
         return None
 
 
-def partitioned_texts(lowered: Any, *, analysis: bool = False) -> Partitioned:
+# A program traced for analysis only may end in this custom call (`analysis_stop`), whose target
+# nothing registers: the backend then stops its compile where it emits the call's code, after the
+# partitioner's dumps and the buffer assignment (the temp bytes) and before code generation, most
+# of a compile's time. Per platform, where that order is checked (tests/autotuner/hlo/test_compile.py).
+STOP_TARGET = "autotuner_analysis_stop"
+STOP_PLATFORMS = frozenset({"cpu"})
+
+
+def stops_here() -> bool:
+    """Whether this backend's analysis compiles can end at `analysis_stop`."""
+    import jax
+
+    return jax.devices()[0].platform in STOP_PLATFORMS
+
+
+def analysis_stop() -> Any:
+    """Called inside a function being traced, a scalar to return beside its outputs: the custom
+    call that ends an analysis compile before code generation (`partitioned_texts(stops=True)`).
+    The program is then never run; its other outputs, and so the partitioned HLO, are unchanged."""
+    import jax
+    import jax.numpy as jnp
+
+    return jax.ffi.ffi_call(STOP_TARGET, jax.ShapeDtypeStruct((), jnp.float32))()
+
+
+def _dumped_temp(d: str, module: str) -> int | None:
+    """The temp bytes per device of `module`'s dumped buffer assignment: its preallocated-temp
+    allocations (what `memory_analysis().temp_size_in_bytes` sums), None without the dump."""
+    files = glob.glob(os.path.join(d, f"{module}.*buffer-assignment.txt"))
+    if not files:
+        return None
+    total = 0
+    with open(files[0]) as fh:
+        for line in fh:
+            m = re.match(r"allocation \d+: size (\d+),.*preallocated-temp", line)
+            if m:
+                total += int(m.group(1))
+    return total
+
+
+def partitioned_texts(lowered: Any, *, analysis: bool = False, stops: bool = False) -> Partitioned:
     """A lowered program's `Partitioned`. `analysis=True`: the texts (and temp bytes: the buffer
     assignment does not depend on code generation) are all that is wanted, so the backend
-    compiles at its cheapest (`ANALYSIS_OPTIONS`) and `compiled` is None (not fit to run). With
+    compiles at its cheapest (`ANALYSIS_OPTIONS`) and `compiled` is None (not fit to run).
+    `stops=True` (with `analysis`): the program returns `analysis_stop()`, so the compile ends
+    before code generation and the temp bytes come from the dumped buffer assignment. With
     JAX's persistent compilation cache configured the texts are kept beside it, so the same
     program analysed again (a restarted job) is not compiled for them."""
     import jax
@@ -140,8 +182,11 @@ def partitioned_texts(lowered: Any, *, analysis: bool = False) -> Partitioned:
         # The dump needs XLA to compile, not the persistent cache to answer.
         dump_only = analysis or cache is not None
         with tempfile.TemporaryDirectory(prefix="autotuner-extract-") as d, _no_persistent_cache():
-            compiled = _compile(lowered, {**(cheap if dump_only else {}), **_DUMP, "xla_dump_to": d})
-            texts = (*_read_dump(d), temp_bytes(compiled))
+            opts = {**(cheap if dump_only else {}), **_DUMP, "xla_dump_to": d}
+            compiled = _compile(lowered, opts, stops=stops and analysis)
+            pre, post, parts, module = _read_dump(d)
+            temp = temp_bytes(compiled) if compiled is not None else _dumped_temp(d, module)
+            texts = (pre, post, parts, temp)
         if cache:
             _store(cache, key, *texts)
         if not dump_only:
@@ -175,10 +220,14 @@ def _load(cache: str, key: str) -> tuple[str, str, int, int | None] | None:
         return None
 
 
-def _compile(lowered: Any, opts: Mapping[str, Any]) -> Any:
+def _compile(lowered: Any, opts: Mapping[str, Any], *, stops: bool = False) -> Any:
+    """The executable; `stops`: `lowered` returns `analysis_stop()`, so the backend is expected
+    to stop at its custom call (None then, the executable if it compiled it after all)."""
     try:
         return lowered.compile(compiler_options=dict(opts)) if opts else lowered.compile()
     except Exception as e:  # noqa: BLE001
+        if stops and STOP_TARGET in str(e):
+            return None
         raise ExtractError(f"could not compile the function: {e}") from e
 
 
@@ -193,7 +242,9 @@ def _store(cache: str, key: str, pre: str, post: str, parts: int, temp: int | No
         log.warning("could not keep the partitioned texts in %s: %s", cache, e)
 
 
-def _read_dump(d: str) -> tuple[str, str, int]:
+def _read_dump(d: str) -> tuple[str, str, int, str]:
+    """(pre, post, num_partitions, module) of the program dumped in `d`; module: its dump name
+    (module_NNNN), the prefix of its other dumps."""
     files = sorted(glob.glob(os.path.join(d, "*.txt")))
     module = lambda f: os.path.basename(f).split(".")[0]  # noqa: E731 - module_NNNN
     before = [f for f in files if "before_spmd-partitioning" in os.path.basename(f)]
@@ -219,7 +270,7 @@ def _read_dump(d: str) -> tuple[str, str, int]:
     with open(after[-1]) as fh:
         post = fh.read()
     m = re.search(r"num_partitions=(\d+)", post.split("\n", 1)[0])
-    return pre, post, int(m.group(1)) if m else 1
+    return pre, post, int(m.group(1)) if m else 1, module(after[-1])
 
 
 def partitioned_hlo(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[str, str, int]:

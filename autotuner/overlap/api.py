@@ -73,8 +73,10 @@ Limits (each pair concerned stays plain jit and `plan()` says why; nothing raise
 - an all-gather -> dot pair whose dot also contracts a dimension sharded over another axis (the
   weight gradients on a data x model mesh need an all-reduce over `data` too): not a Problem.
 Cost, per input signature: one trace of `fn`; one analysis compile of the tagged program at the
-backend's cheapest options (only its partitioned HLO is read); one compile of the rewritten program
-(analysed too with Auto layouts; more rounds only when new pairs appear there). With JAX's
+backend's cheapest options, stopped before code generation on CPU (only its partitioned HLO and
+buffer assignment are read: `hlo.compile.analysis_stop`); one compile of the rewritten program
+(analysed too with Auto layouts, reading the propagated HLO only when a pair is new there; more
+rounds only when new pairs appear). With JAX's
 persistent compilation cache configured, the partitioned texts are kept beside it, so a restarted
 job compiles nothing for the analysis and finds the rewritten executable in JAX's cache. A program
 with nothing to rewrite is plain `jax.jit`, compiled on its first call. `bench/pass_cost.py`
@@ -206,13 +208,18 @@ class Overlapped:
                 hit = self._cache[sig] = self._build(args, kwargs)
             return hit
 
-    def _jit(self, interp: Any) -> Any:
+    def _jit(self, interp: Any, stop: bool = False) -> Any:
+        """The program as `interp` rewrites it, jitted; `stop`: for analysis only, it also returns
+        `hlo.compile.analysis_stop()` (its compile ends before code generation)."""
         import functools
 
         import jax
 
+        from autotuner.hlo.compile import analysis_stop
+
         def run(*args: Any, **kwargs: Any) -> Any:
-            return interp.run(self.fn, args, kwargs)
+            out = interp.run(self.fn, args, kwargs)
+            return (out, analysis_stop()) if stop else out
 
         functools.update_wrapper(run, self.fn, updated=())
         return jax.jit(run, **self.jit_kwargs)
@@ -221,7 +228,7 @@ class Overlapped:
         import jax
         from jax.sharding import AxisType
 
-        from autotuner.hlo.compile import lower, partitioned_texts, temp_bytes
+        from autotuner.hlo.compile import lower, partitioned_texts, stops_here, temp_bytes
         from autotuner.overlap.apply import Action, Interpreter
         from autotuner.overlap.choose import choose
         from autotuner.overlap.find import find_sites
@@ -253,15 +260,18 @@ class Overlapped:
         plain_temp: int | None = None
         program, evidence = "", {}
         injob = InJob(self.client, mesh, self.tune_budget_s) if self.tune == "missing" else None
+        # The analysis compile ends before code generation where the backend allows it (an extra
+        # output, so not where the caller fixed the outputs' shardings).
+        stops = stops_here() and self.jit_kwargs.get("out_shardings") is None
         for n in range(rounds):
             interp = Interpreter(mesh, dict(actions), traced=traced)
-            jitted = self._jit(interp)
+            jitted = self._jit(interp, stop=n == 0 and stops)
             try:
                 lowered = lower(jitted, *args, **kwargs)
                 if n and explicit:
                     compiled = lowered.compile()
                     break
-                part = partitioned_texts(lowered, analysis=n == 0)
+                part = partitioned_texts(lowered, analysis=n == 0, stops=n == 0 and stops)
                 compiled = part.compiled
                 if n == 0:
                     plain_temp = part.temp_bytes

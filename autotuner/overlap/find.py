@@ -91,6 +91,11 @@ def _tag(op_name: str) -> str | None:
     return rest[:j] if j > 0 else None
 
 
+def _ident(pair: Pair) -> str:
+    """What names a pair across rounds: its dot's tag, else its op_name, form and instruction."""
+    return _tag(pair.dot.op_name) or f"{pair.dot.op_name}|{pair.form}|{pair.dot.name}"
+
+
 def mismatch(info: DotInfo, p: Problem) -> str | None:
     """Why the traced dot is not the Problem's einsum (None when it is, operand for operand)."""
     if info.dtypes != (p.dtype,) * 3:
@@ -127,20 +132,24 @@ def find_sites(pre_text: str, post_text: str, parts: int, tagger: Interpreter, m
     if parts <= 1 or not post_text:
         return Found([], [], ["the program runs on one device: nothing to decompose"])
     info = MeshInfo(tuple(mesh.axis_names), tuple(int(s) for s in mesh.axis_sizes))
-    post, pre = parse_hlo(post_text), parse_hlo(pre_text)
+    post = parse_hlo(post_text)
     if post.num_partitions != info.size:
         raise ExtractError(f"the module runs on {post.num_partitions} partitions but the mesh "
                            f"{info.as_dict()} has {info.size} devices")
     times, manual = multiplicity(post), manual_computations(post)
+    notes = [f"equation {path}: {why}" for path, why in tagger.failed.items()]
+    found = find_pairs(post, info, [])
+    if all(_ident(p) in seen or (p.dot.computation in manual and tagger.actions) for p in found):
+        return Found([], [], notes)   # nothing new (a later round): the propagated module is not read
+    pre = parse_hlo(pre_text)
     pre_dots = dot_index(pre)
     used: set[str] = set()
-    notes = [f"equation {path}: {why}" for path, why in tagger.failed.items()]
     sites: list[Site | None] = []
     rows: list[PlanRow] = []
     this_round: set[str] = set()
     mapped_tags: set[str] = set()
     pairs: list[tuple[Pair, int]] = []   # (pair, its site's index) of the mapped pairs
-    for pair in find_pairs(post, info, []):
+    for pair in found:
         op = pair.dot.op_name
         n = times.get(pair.dot.computation, 1)
         if pair.dot.computation in manual:
@@ -150,8 +159,7 @@ def find_sites(pre_text: str, post_text: str, parts: int, tagger: Interpreter, m
         else:
             got = match_dot(pair, post, pre, pre_dots, used, info)
             problem, why = (None, got) if isinstance(got, str) else (got, None)
-        tag = _tag(op)
-        ident = tag or f"{op}|{pair.form}|{pair.dot.name}"
+        tag, ident = _tag(op), _ident(pair)
         if ident in seen and ident not in this_round:
             continue   # planned in an earlier round
         seen.add(ident)

@@ -47,9 +47,10 @@ def compiles(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     seen: list[dict[str, Any]] = []
     real = hc._compile
 
-    def counting(lowered: Any, opts: Any) -> Any:
-        seen.append(dict(opts))
-        return real(lowered, opts)
+    def counting(lowered: Any, opts: Any, *, stops: bool = False) -> Any:
+        got = real(lowered, opts, stops=stops)
+        seen.append({**opts, "stopped": stops and got is None})
+        return got
 
     monkeypatch.setattr(hc, "_compile", counting)
     return seen
@@ -65,8 +66,10 @@ def test_one_cheap_analysis_then_the_program_that_runs(kind: str, compiles: list
     ov = overlap(f, strategy=lambda p: space(p)[1])
     plan = ov.plan(*args)
     assert [r.applied for r in plan] == [True], str(plan)
-    # round 1: the tagged program, dumped around the partitioner at the cheapest options
-    assert _cheap(compiles[0]) and "xla_dump_to" in compiles[0]
+    # round 1: the tagged program, dumped around the partitioner at the cheapest options, its
+    # compile stopped before code generation (XLA:CPU)
+    assert _cheap(compiles[0]) and "xla_dump_to" in compiles[0] and compiles[0]["stopped"]
+    assert not any(o["stopped"] for o in compiles[1:])
     if kind == "explicit":   # the rewritten program is compiled by jax alone, not analysed
         assert len(compiles) == 1
     else:                    # Auto layouts: compiled (at full options) and analysed for new pairs
@@ -75,6 +78,24 @@ def test_one_cheap_analysis_then_the_program_that_runs(kind: str, compiles: list
     before = len(compiles)
     np.testing.assert_allclose(np.asarray(ov(*args)), np.asarray(jax.jit(f)(*args)), rtol=1e-5, atol=1e-5)
     assert len(compiles) == before
+
+
+def test_the_stopped_analysis_reads_what_a_full_compile_says() -> None:
+    """The analysis compile that stops before code generation gives the partitioned HLO and the
+    temp bytes a full compile of the same program gives (its buffer assignment, read from the dump)."""
+    f, args = _program("auto")
+    full = jax.jit(f).lower(*args)
+
+    def stopped(*a: Any) -> Any:
+        return f(*a), hc.analysis_stop()
+
+    got = hc.partitioned_texts(jax.jit(stopped).lower(*args), analysis=True, stops=True)
+    want = hc.partitioned_texts(full, analysis=True)
+    assert got.parts == want.parts == 4 and "all-gather" in got.post
+    strip = lambda t: [ln for ln in t.splitlines() if "all-gather" in ln or " dot(" in ln]  # noqa: E731
+    assert [ln.split("metadata")[0] for ln in strip(got.post)] == [ln.split("metadata")[0] for ln in strip(want.post)]
+    assert got.temp_bytes == full.compile().memory_analysis().temp_size_in_bytes
+    assert got.compiled is None
 
 
 def test_nothing_to_rewrite_is_plain_jit(compiles: list[dict[str, Any]]) -> None:
