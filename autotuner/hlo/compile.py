@@ -264,7 +264,7 @@ def _read_dump(d: str) -> tuple[str, str, int, str]:
             parts = int(m.group(1)) if m else 1
         if parts > 1:
             raise ExtractError("XLA did not dump the module around spmd-partitioning")
-        return "", "", parts
+        return "", "", parts, module(head) if head else ""
     with open(before[-1]) as fh:
         pre = fh.read()
     with open(after[-1]) as fh:
