@@ -210,3 +210,19 @@ def outputs_of(procs: list[Any], timeout: float) -> list[str]:
             raise
         outputs.append(out.decode(errors="replace")[-3000:])
     return outputs
+
+
+def netns_reason() -> str:
+    """Why this machine cannot run a lab on shaped links (network namespaces: root and iproute2's
+    `ip netns`), or '' when it can (a test's skip reason; lab:none works either way)."""
+    import os
+    import shutil
+    import subprocess
+
+    if os.geteuid() != 0:
+        return f"network namespaces need root (running as uid {os.geteuid()})"
+    if shutil.which("ip") is None:
+        return "`ip` (iproute2) is not installed"
+    if subprocess.run(["ip", "netns", "list"], capture_output=True).returncode != 0:
+        return "`ip netns` is not available"
+    return ""

@@ -6,9 +6,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
-import shutil
-import subprocess
 from typing import Any
 
 import jax
@@ -24,6 +21,7 @@ from autotuner.measure.session import COMM, COMP
 from autotuner.problem.suite import suite
 from autotuner.strategies import build, compiler_options
 from autotuner.strategies._common import pspec
+from autotuner.testing import netns_reason
 
 GBIT = 1e9 / 8  # bytes/s of 1 Gbit/s
 
@@ -325,10 +323,6 @@ def test_the_harness_compiles_xla_windowed_with_its_options() -> None:
 # ------------------------------------------------------------------------------ on the lab
 
 
-def _netns_ok() -> bool:
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        return False
-    return subprocess.run(["ip", "netns", "list"], capture_output=True).returncode == 0
 
 
 @pytest.mark.lab
@@ -342,7 +336,7 @@ def test_calibrate_command_on_the_lab_stores_a_usable_calibration(tmp_path) -> N
     from autotuner.cli.common import app
     from db import Database
 
-    target = "lab:shared:2:2gbit" if _netns_ok() else "lab:none:2"
+    target = "lab:none:2" if netns_reason() else "lab:shared:2:2gbit"
 
     url = f"sqlite:///{tmp_path / 'cal.db'}"
     res = CliRunner().invoke(app, ["calibrate", "--target", target, "--db", url, "--reps", "3", "--json"])

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from autotuner.lab import Lab, LabError, LabSpec, LabWorkerError
+from autotuner.testing import netns_reason
 
 pytestmark = pytest.mark.lab
 
@@ -25,17 +26,7 @@ REPO = Path(__file__).resolve().parents[3]
 ECHO = "autotuner.lab:echo_handler"
 
 
-def _netns_reason() -> str:
-    if os.geteuid() != 0:
-        return f"network namespaces need root (running as uid {os.geteuid()})"
-    if shutil.which("ip") is None:
-        return "`ip` (iproute2) is not installed"
-    if subprocess.run(["ip", "netns", "list"], capture_output=True).returncode != 0:
-        return "`ip netns` is not available"
-    return ""
-
-
-needs_netns = pytest.mark.skipif(bool(_netns_reason()), reason=_netns_reason() or "-")
+needs_netns = pytest.mark.skipif(bool(netns_reason()), reason=netns_reason() or "-")
 
 
 def _worker_alive(pid: int) -> bool:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import http.server
 import os
 import re
-import shutil
 import subprocess
 import sys
 import threading
@@ -16,22 +15,14 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from autotuner.testing import netns_reason
+
 pytestmark = pytest.mark.lab
 
 REPO = Path(__file__).resolve().parents[3]
 
 
-def _netns_reason() -> str:
-    if os.geteuid() != 0:
-        return f"network namespaces need root (running as uid {os.geteuid()})"
-    if shutil.which("ip") is None:
-        return "`ip` (iproute2) is not installed"
-    if subprocess.run(["ip", "netns", "list"], capture_output=True).returncode != 0:
-        return "`ip netns` is not available"
-    return ""
-
-
-needs_netns = pytest.mark.skipif(bool(_netns_reason()), reason=_netns_reason() or "-")
+needs_netns = pytest.mark.skipif(bool(netns_reason()), reason=netns_reason() or "-")
 
 
 def _namespaces() -> set[str]:

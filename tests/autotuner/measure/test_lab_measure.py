@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import os
-import shutil
 import signal
-import subprocess
 
 import pytest
 
@@ -13,6 +11,7 @@ from autotuner import Problem, space
 from autotuner.lab import LabSpec
 from autotuner.measure import run_session
 from autotuner.measure.lab import LabRunner, open_lab
+from autotuner.testing import netns_reason
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
@@ -21,17 +20,11 @@ P2 = {"equation": "sd,df->sf", "lhs": {"shape": [256, 128], "spec": ["x", None]}
       "dtype": "float32", "mesh": {"x": 2}}
 
 
-def netns_ok() -> bool:
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        return False
-    return subprocess.run(["ip", "netns", "list"], capture_output=True).returncode == 0
-
-
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("target", ["lab:none:2", "lab:shared:2:2gbit"])
 def test_session_across_processes(target):
-    if "shared" in target and not netns_ok():
-        pytest.skip("needs root and ip netns")
+    if "shared" in target and netns_reason():
+        pytest.skip(netns_reason())
     p = Problem.from_dict(P2)
     strategies = space(p)[:4]
     with open_lab(LabSpec.parse(target)) as lab:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import signal
 import sqlite3
 import subprocess
@@ -17,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from autotuner.testing import netns_reason
+
 pytestmark = [pytest.mark.lab, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[3]
@@ -25,13 +26,9 @@ PROBLEM = {"equation": "sd,df->sf", "lhs": {"shape": [256, 128], "spec": ["x", N
            "dtype": "float32", "mesh": {"x": 2}}
 
 
-def _netns_ok() -> bool:
-    if os.geteuid() != 0 or shutil.which("ip") is None:
-        return False
-    return subprocess.run(["ip", "netns", "list"], capture_output=True).returncode == 0
 
 
-needs_netns = pytest.mark.skipif(not _netns_ok(), reason="needs root and ip netns")
+needs_netns = pytest.mark.skipif(bool(netns_reason()), reason=netns_reason() or "-")
 
 
 def _command(tmp: Path, *extra: str) -> list[str]:
