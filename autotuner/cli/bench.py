@@ -13,7 +13,7 @@ from typing import Annotated, Any
 
 import typer
 
-from autotuner.cli.common import app, err, fmt
+from autotuner.cli.common import app, err, fmt, say
 from autotuner.cli.model import TOLERANCE_HELP
 from autotuner.cli.plan import MEMORY_HELP, print_plan, strategy_arg
 from autotuner.cli.program import FACTORY_HELP
@@ -111,13 +111,13 @@ def print_attribution(res: Any, out: Any) -> None:
     for r in rows:
         out.write("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() + "\n")
     iso = [a.isolated_saved_s for a in res.attribution if a.isolated_saved_s is not None]
+    alone = sum(a.alone_saved_s for a in res.attribution)
     out.write(f"sums: pairs alone {_ms(sum(iso)) if iso else '-'} ms, alone in step "
-              f"{_ms(sum(a.alone_saved_s for a in res.attribution))} ms, without "
+              f"{_ms(alone)} ms, without "
               f"{_ms(sum(a.without_saved_s for a in res.attribution))} ms; measured saving "
               f"{_ms(res.measured_saved_s)} ms\n")
     inter = res.interaction_saved_s
     if inter is not None and len(res.attribution) > 1:
-        alone = sum(a.alone_saved_s for a in res.attribution)
         out.write(f"interaction between problems ((without - alone) / 2, one term per pair of problems): "
                   f"{_ms(inter)} ms; alone + interaction {_ms(alone + inter)} ms against the measured "
                   f"{_ms(res.measured_saved_s)} ms\n")
@@ -153,7 +153,7 @@ def bench_cmd(
     store: Annotated[bool, typer.Option("--store/--no-store", help="store the result in the --db database "
                                         "(default with --db)")] = True,
 ) -> None:
-    from autotuner.cli.on_target import open_program, say, target_args
+    from autotuner.cli.on_target import open_program, target_args
 
     chosen = strategy_arg(strategy)
     tgt, shape, fkw, bound = target_args(on, mesh, kwargs, memory)

@@ -19,6 +19,11 @@ app.add_typer(db_app, name="db")
 err = Console(stderr=True, width=None if sys.stderr.isatty() else 150, emoji=False)
 
 
+def say(message: str) -> None:
+    """A progress or status line on stderr (stdout stays for results and --json)."""
+    err.print(message, highlight=False)
+
+
 def fail(message: str, code: int = 2) -> None:
     err.print(f"[bold red]error:[/] {message}", highlight=False)
     raise typer.Exit(code)

@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from autotuner.cli.common import app, err, fail
+from autotuner.cli.common import app, err, fail, say
 
 HELP = """Calibrate the cost model on a target and store its parameters for the target's device.
 
@@ -69,10 +69,10 @@ def calibrate_cmd(
         fail(str(e))
     database = open_database(db_url(db))
     try:
-        with TargetSession(tgt, log=lambda m: err.print(m, highlight=False)) as ts:
+        with TargetSession(tgt, log=say) as ts:
             err.print(f"calibrating on {tgt.text}: device {ts.device.label} ({ts.device.key[:8]})",
                       highlight=False)
-            params, sweeps = costmodel.calibrate(ts, reps=reps, log=lambda m: err.print(m, highlight=False))
+            params, sweeps = costmodel.calibrate(ts, reps=reps, log=say)
             device = ts.device
     except TargetError as e:
         fail(str(e))

@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
-from autotuner.cli.common import err, fail
+from autotuner.cli.common import fail, say
 
 LOAD_TIMEOUT_S = 1800.0   # a lab's answer to loading, timing or profiling a whole step
-
-
-def say(m: str) -> None:
-    err.print(m, highlight=False)
 
 
 def target_args(on: str, mesh: str | None, kwargs: str | None, memory: str
@@ -51,19 +48,19 @@ class Opened:
     runner_for: Callable[[Any], Any]
     lab: Any = None
     bench: Any = None
-    plan: list[Any] = field(default_factory=list)
 
-    def __post_init__(self) -> None:
+    @cached_property
+    def plan(self) -> list[Any]:
+        """The plan's rows as `measure.steps` reads them, whichever process planned it."""
         from types import SimpleNamespace
 
         from autotuner.problem import problem_from_dict
         from autotuner.strategy import Strategy
 
-        # the plan as `measure.steps` reads it, whichever process planned it
-        self.plan = [SimpleNamespace(applied=r["applied"], name=r["name"], count=r["count"], member=r["member"],
-                                     served_by=r["served_by"],
-                                     problem=problem_from_dict(r["problem"]) if r["problem"] else None,
-                                     strategy=Strategy.from_dict(r["strategy_dict"])) for r in self.rows]
+        return [SimpleNamespace(applied=r["applied"], name=r["name"], count=r["count"], member=r["member"],
+                                served_by=r["served_by"],
+                                problem=problem_from_dict(r["problem"]) if r["problem"] else None,
+                                strategy=Strategy.from_dict(r["strategy_dict"])) for r in self.rows]
 
     def _lab(self, request: dict[str, Any], what: str) -> dict[str, Any]:
         got = self.lab.call(request, LOAD_TIMEOUT_S)

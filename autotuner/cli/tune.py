@@ -22,6 +22,7 @@ from autotuner.cli.common import (
     fail,
     fmt,
     open_database,
+    say,
     token_of,
 )
 
@@ -141,7 +142,7 @@ def tune(
     rows: list[dict[str, Any]] = []
     err.print(f"target {tgt.text}: {len(items)} problem(s), run {run_id}", highlight=False)
     try:
-        with TargetSession(tgt, log=lambda m: err.print(m, highlight=False), ctx=mp_ctx) as ts:
+        with TargetSession(tgt, log=say, ctx=mp_ctx) as ts:
             err.print(f"device {ts.device.label} ({ts.device.key[:8]})", highlight=False)
             if not exhaustive:
                 say_model(database, ts.device)
@@ -243,7 +244,7 @@ def tune_one(ts: Any, database: Any, name: str, problem: Any, run_id: str, *, ex
         if exhaustive:
             task = prog.add_task(f"{name}: compiling {len(strategies)}", total=reps)
             session = run_session(ts.runner(problem), problem, strategies, reps=reps,
-                                  log=lambda m: err.print(m, highlight=False), aa=aa, precision=precision,
+                                  log=say, aa=aa, precision=precision,
                                   on_rep=lambda r, n: prog.update(task, completed=r, total=n,
                                                                   description=f"{name}: timing"))
             winner = store.save(database, ts.device, problem, store.session_items(session, run_id),
@@ -346,10 +347,10 @@ def worker(
              "FILE (or --token)")
     try:
         tgt = Target.parse(target or default_target())
-        with TargetSession(tgt, log=lambda m: err.print(m, highlight=False)) as ts:
+        with TargetSession(tgt, log=say) as ts:
             err.print(f"worker on {ts.device.label} ({ts.device.key[:8]}), service {service}", highlight=False)
             n = work(ts, service, token, once=once, poll_s=poll, lease_s=lease, trials=trials, reps=reps,
-                     say=lambda m: err.print(m, highlight=False))
+                     say=say)
     except (TargetError, ServiceError) as e:
         fail(str(e))
     except httpx.HTTPError as e:

@@ -17,7 +17,7 @@ from typing import Annotated, Any
 
 import typer
 
-from autotuner.cli.common import app, db_url, err, fail, open_database
+from autotuner.cli.common import app, db_url, err, fail, open_database, say
 from autotuner.cli.model import TOLERANCE_HELP
 from autotuner.cli.plan import MEMORY_HELP
 from autotuner.cli.program import FACTORY_HELP
@@ -108,7 +108,7 @@ def tune_model_cmd(
 def _refine(tgt: Any, target: str, fkw: dict[str, Any], shape: Any, explicit: bool, url: str, tmp: str, *,
             reps: int, k: int, memory: float | None, tolerance: float | None) -> dict[str, Any]:
     from autotuner.cli.model import check_numerics
-    from autotuner.cli.on_target import open_program, say
+    from autotuner.cli.on_target import open_program
     from autotuner.measure.stats import ratio_ci
     from autotuner.snapshot import device_values
     from autotuner.strategy import Strategy

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from autotuner.cli.common import app, db_url, err, fail, fmt, open_database
+from autotuner.cli.common import app, db_url, err, fail, fmt, open_database, say
 from autotuner.cli.tune import print_summary, say_model, tune_one
 
 # -- the main job (make run) -----------------------------------------------------------------------
@@ -47,7 +47,7 @@ def _start_with_fallback(tgt: Any) -> Any:
         chain.append(Target.parse(f"inproc:{n}"))
     for i, t in enumerate(chain):
         try:
-            return TargetSession(t, log=lambda m: err.print(m, highlight=False))
+            return TargetSession(t, log=say)
         except Exception as e:  # noqa: BLE001 - a lab that cannot start: fall back, say why
             if i == len(chain) - 1:
                 raise
