@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import functools
 import math
 from typing import Any
 
@@ -212,9 +213,11 @@ def outputs_of(procs: list[Any], timeout: float) -> list[str]:
     return outputs
 
 
+@functools.cache
 def netns_reason() -> str:
     """Why this machine cannot run a lab on shaped links (network namespaces: root and iproute2's
-    `ip netns`), or '' when it can (a test's skip reason; lab:none works either way)."""
+    `ip netns`), or '' when it can (a test's skip reason; lab:none works either way). Asked once
+    per process."""
     import os
     import shutil
     import subprocess

@@ -125,7 +125,7 @@ def temp_bytes(compiled: Any) -> int | None:
 # A program traced for analysis only may end in this custom call (`analysis_stop`), whose target
 # nothing registers: the backend then stops its compile where it emits the call's code, after the
 # partitioner's dumps and the buffer assignment (the temp bytes) and before code generation, most
-# of a compile's time. Per platform, where that order is checked (tests/autotuner/hlo/test_compile.py).
+# of a compile's time. Per platform, where that order is checked (tests/autotuner/overlap/test_pass_cost.py).
 STOP_TARGET = "autotuner_analysis_stop"
 STOP_PLATFORMS = frozenset({"cpu"})
 
