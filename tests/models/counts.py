@@ -46,3 +46,9 @@ def sequence_collectives(report: Any) -> list[str]:
         if pat.axis != "model" or sizes[pat.letter] != SEQ:
             bad.append(f"{p.describe()}: {pat.label} of {pat.letter!r} over {pat.axis}")
     return bad
+
+
+def problem_dims(report: Any) -> set[int]:
+    """Every dimension size of the report's problems (a grouped problem's members' too)."""
+    members = [m for p, _ in report.problems for m in getattr(p, "members", (p,))]
+    return {d for m in members for d in m.lhs.shape + m.rhs.shape}

@@ -39,6 +39,8 @@ class Size:
 
 
 TINY = Size()
+# The size the README's attribution and tune-model runs use (`bench/tune_model.sh`'s KW).
+BENCH = {"hidden": 512, "heads": 8, "mlp": 1024, "batch": 2, "seq": 192}
 
 
 def size(**kw: int) -> Size:

@@ -47,8 +47,8 @@ pytest.importorskip("optax", reason="install requirements-models.lock (`make tes
 
 from autotuner.hlo import extract_report  # noqa: E402
 
-from . import penzai_llama  # noqa: E402
-from .counts import sequence_collectives, summary  # noqa: E402
+from . import meshes, penzai_llama  # noqa: E402
+from .counts import problem_dims, sequence_collectives, summary  # noqa: E402
 from .meshes import LAYERS as L  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -103,10 +103,9 @@ def test_the_factories_run() -> None:
 def test_a_larger_size_keeps_the_hand_counted_pairs() -> None:
     """The size the README's attribution runs at (`--kwargs` of the factory): the same pairs as
     the tiny default, on shapes of that size; a bad size argument is refused."""
-    fn, args = penzai_llama.train_step_sp(hidden=512, heads=8, mlp=1024, batch=2, seq=192)
+    fn, args = penzai_llama.train_step_sp(**meshes.BENCH)
     report = extract_report(fn, *args)
     assert summary(report) == EXPECTED["train_step_sp"]
-    members = [m for p, _ in report.problems for m in getattr(p, "members", (p,))]
-    assert {d for m in members for d in m.lhs.shape + m.rhs.shape} >= {512, 1024}
+    assert problem_dims(report) >= {meshes.BENCH["hidden"], meshes.BENCH["mlp"]}
     with pytest.raises(ValueError, match="not a multiple of heads"):
         penzai_llama.train_step_sp(hidden=500)
