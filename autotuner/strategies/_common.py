@@ -100,11 +100,51 @@ class Layout:
         return [lax.ppermute(x, self.axis, perm) for x in xs]
 
 
+def block(i: Any, off: Any, n: int) -> Any:
+    """(i + off) mod n, never negative: the block that device `i` (traced, in [0, n)) holds or
+    computes at ring offset `off`. Lean on purpose: every ring step of every decomposed pair
+    lowers this, and the rewritten program's compile time grows with its instruction count
+    (jnp's `%` lowers to a call of a dozen ops that also fix the sign of a negative divisor)."""
+    if isinstance(off, int):
+        off %= n
+        if off == 0:
+            return i
+        j = i + off                        # in [0, 2n): one wrap, no remainder (XLA expands a
+        return lax.select(j >= n, j - n, j)  # signed one into a handful of ops)
+    return lax.rem(lax.rem(i + off, n) + n, n)   # a traced offset (a rolled loop) may be negative
+
+
+class Blocks:
+    """`block(i, off, n)` for one ring's device index `i`, each constant offset computed once:
+    a step's partial einsums and its write into the output, and the members of a grouped ring,
+    share it. Constant offsets occur outside rolled loops only (inside one the step is traced),
+    so nothing computed here outlives its trace."""
+
+    def __init__(self, i: Any, n: int):
+        self.i, self.n = i, n
+        self._memo: dict[int, Any] = {}
+
+    def __call__(self, off: Any) -> Any:
+        if not isinstance(off, int):
+            return block(self.i, off, self.n)
+        off %= self.n
+        if off not in self._memo:
+            self._memo[off] = block(self.i, off, self.n)
+        return self._memo[off]
+
+
+def block_start(b: Any, size: int, plus: int = 0) -> Any:
+    """Where block `b` (traced) of `size` elements starts, `plus` elements further."""
+    start = b * size
+    return start + plus if plus else start
+
+
 def slice_dim(x: jax.Array, letters: str, letter: str, start: Any, size: int) -> jax.Array:
-    """`x` sliced along `letter` if it has it; unchanged otherwise."""
+    """`x` sliced along `letter` if it has it; unchanged otherwise. `start` is never negative
+    (`block`), so the slice needs no wrap-around of negative indices."""
     if letter not in letters:
         return x
-    return lax.dynamic_slice_in_dim(x, start, size, letters.index(letter))
+    return lax.dynamic_slice_in_dim(x, start, size, letters.index(letter), allow_negative_indices=False)
 
 
 def split(x: jax.Array, parts: int, dim: int) -> list[jax.Array]:

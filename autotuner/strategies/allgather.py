@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from autotuner.problem import Problem
-from autotuner.strategies._common import Layout, run_loop, slice_dim, split
+from autotuner.strategies._common import Blocks, Layout, block_start, run_loop, slice_dim, split
 from autotuner.strategy import Strategy
 
 
@@ -41,32 +41,33 @@ class _AG:
         self.odim = None if self.acc else eq.out.index(self.L)
 
     # -- pieces ---------------------------------------------------------------------------------
-    def partial(self, xc: jax.Array, y: jax.Array, i: Any, off: Any, k: int, sub: int = 0) -> jax.Array:
-        """Partial einsum of X piece `xc` = chunk k (from element `sub` of it) of block i+off."""
+    def partial(self, xc: jax.Array, y: jax.Array, b: Any, k: int, sub: int = 0) -> jax.Array:
+        """Partial einsum of X piece `xc` = chunk k (from element `sub` of it) of block `b`
+        (traced: `Blocks`)."""
         size = xc.shape[self.xdim]
-        start = ((i + off) % self.n) * self.blk + k * self.cs + sub
-        yp = slice_dim(y, self.yl, self.L, start, size)
-        a, b = (xc, yp) if self.x_is_lhs else (yp, xc)
-        return self.lay.einsum(a, b, f32=self.acc and self.lay.low_precision)
+        yp = slice_dim(y, self.yl, self.L, self.start(b, k, sub), size)
+        lhs, rhs = (xc, yp) if self.x_is_lhs else (yp, xc)
+        return self.lay.einsum(lhs, rhs, f32=self.acc and self.lay.low_precision)
 
-    def start(self, i: Any, off: Any, k: int, sub: int = 0) -> Any:
-        return ((i + off) % self.n) * self.blk + k * self.cs + sub
+    def start(self, b: Any, k: int, sub: int = 0) -> Any:
+        return block_start(b, self.blk, k * self.cs + sub)
 
-    def absorb(self, out: jax.Array, parts: list[jax.Array], i: Any, off: Any) -> jax.Array:
-        """fuse='loop': write (or add) the step's chunk results into the output carry."""
+    def absorb(self, out: jax.Array, parts: list[jax.Array], b: Any) -> jax.Array:
+        """fuse='loop': write (or add) the step's chunk results for block `b` into the output carry."""
         for k, part in enumerate(parts):
             if self.acc:
                 out = out + part
             else:
-                out = lax.dynamic_update_slice_in_dim(out, part, self.start(i, off, k), self.odim)
+                out = lax.dynamic_update_slice_in_dim(out, part, self.start(b, k), self.odim,
+                                                      allow_negative_indices=False)
         return out
 
-    def step(self, bufs: list[jax.Array], y: jax.Array, i: Any, off: Any,
+    def step(self, bufs: list[jax.Array], y: jax.Array, b: Any,
              send: Callable[[list[jax.Array]], list[jax.Array]] | None):
-        """One ring step: the transfer of `bufs` (if any) and their partial einsums, in the
-        order the strategy asks for. Returns (received buffers, partial results)."""
+        """One ring step, of block `b`: the transfer of `bufs` (if any) and their partial einsums,
+        in the order the strategy asks for. Returns (received buffers, partial results)."""
         nxt = send(bufs) if send is not None and self.s.send_first else None
-        parts = [self.partial(b, y, i, off, k) for k, b in enumerate(bufs)]
+        parts = [self.partial(buf, y, b, k) for k, buf in enumerate(bufs)]
         if send is not None and not self.s.send_first:
             nxt = send(bufs)
         return nxt, parts
@@ -88,7 +89,7 @@ class _AG:
     def init_out(self, x: jax.Array, y: jax.Array) -> jax.Array:
         """A zero output carry of the local output's shape (or the f32 accumulator)."""
         xc = split(x, self.s.chunks, self.xdim)[0]
-        shape = jax.eval_shape(lambda a, b: self.partial(a, b, 0, 0, 0),
+        shape = jax.eval_shape(lambda a, b: self.partial(a, b, 0, 0),
                                jax.ShapeDtypeStruct(xc.shape, xc.dtype), jax.ShapeDtypeStruct(y.shape, y.dtype))
         if self.acc:
             return jnp.zeros(shape.shape, shape.dtype)
@@ -100,6 +101,7 @@ class _AG:
     def uni(self, x: jax.Array, y: jax.Array) -> jax.Array:
         n, s, lay = self.n, self.s, self.lay
         i = lax.axis_index(lay.axis)
+        at = Blocks(i, n)
         bufs = split(x, s.chunks, self.xdim)
         send = lambda b: lay.send(b, lay.left())  # noqa: E731 - device j receives block j+1+t
         loop = s.fuse == "loop"
@@ -107,21 +109,22 @@ class _AG:
 
         def body(carry, t):
             bufs, out = carry
-            nxt, parts = self.step(bufs, y, i, t, send)
+            nxt, parts = self.step(bufs, y, at(t), send)
             if loop:
-                return (nxt, self.absorb(out, parts, i, t)), None
+                return (nxt, self.absorb(out, parts, at(t))), None
             return (nxt, out), jnp.stack(parts)
 
         (bufs, out), ys = run_loop(body, (bufs, out0), 0, n - 1, s.unroll)
-        _, parts = self.step(bufs, y, i, n - 1, None)
+        _, parts = self.step(bufs, y, at(n - 1), None)
         if loop:
-            return self.absorb(out, parts, i, n - 1).astype(lay.dtype)
+            return self.absorb(out, parts, at(n - 1)).astype(lay.dtype)
         return self.assemble(ys + [jnp.stack(parts)[None]], i, lay.dtype)
 
     def bidi(self, x: jax.Array, y: jax.Array) -> jax.Array:
         n, s, lay = self.n, self.s, self.lay
         h, even = (n - 1) // 2, n % 2 == 0
         i = lax.axis_index(lay.axis)
+        at = Blocks(i, n)
         local = split(x, s.chunks, self.xdim)
         loop = s.fuse == "loop"
 
@@ -129,21 +132,21 @@ class _AG:
             """Right-moving buffers hold block i-t, left-moving ones block i+t."""
             sr = (lambda b: lay.send(b, lay.right())) if send else None
             sl = (lambda b: lay.send(b, lay.left())) if send else None
-            nr, pr = self.step(r, y, i, -t, sr)
-            nl, pl = self.step(lb, y, i, t, sl)
+            nr, pr = self.step(r, y, at(-t), sr)
+            nl, pl = self.step(lb, y, at(t), sl)
             return nr, nl, pr, pl
 
         # step 0: the local block, sent both ways
         send_both = lambda b: lay.send(b, lay.right()) + lay.send(b, lay.left())  # noqa: E731
-        sent, pl0 = self.step(local, y, i, 0, send_both)
+        sent, pl0 = self.step(local, y, at(0), send_both)
         nr, nl = sent[: s.chunks], sent[s.chunks:]
-        out = self.absorb(self.init_out(x, y), pl0, i, 0) if loop else None
+        out = self.absorb(self.init_out(x, y), pl0, at(0)) if loop else None
 
         def body(carry, t):
             r, lb, out = carry
             r2, l2, pr, pl = both(r, lb, t, True)
             if loop:
-                return (r2, l2, self.absorb(self.absorb(out, pr, i, -t), pl, i, t)), None
+                return (r2, l2, self.absorb(self.absorb(out, pr, at(-t)), pl, at(t))), None
             return (r2, l2, out), (jnp.stack(pr), jnp.stack(pl))
 
         (r, lb, out), ys = run_loop(body, (nr, nl, out), 1, h, s.unroll)
@@ -161,13 +164,13 @@ class _AG:
                 ra = lay.send([lax.slice_in_dim(b, 0, half, axis=self.xdim) for b in r], lay.right())
                 lb_b = lay.send([lax.slice_in_dim(b, half, self.cs, axis=self.xdim) for b in lb], lay.left())
             for k in range(s.chunks):
-                pa = self.partial(ra[k], y, i, n // 2, k, 0)
-                pb = self.partial(lb_b[k], y, i, n // 2, k, half)
+                pa = self.partial(ra[k], y, at(n // 2), k, 0)
+                pb = self.partial(lb_b[k], y, at(n // 2), k, half)
                 parts_anti.append(pa + pb if self.acc else jnp.concatenate([pa, pb], axis=self.odim))
         if loop:
-            out = self.absorb(self.absorb(out, pr, i, -h), pl, i, h)
+            out = self.absorb(self.absorb(out, pr, at(-h)), pl, at(h))
             if even:
-                out = self.absorb(out, parts_anti, i, n // 2)
+                out = self.absorb(out, parts_anti, at(n // 2))
             return out.astype(lay.dtype)
         loop_r = [ys[0][0]] if ys else []
         loop_l = [ys[0][1]] if ys else []

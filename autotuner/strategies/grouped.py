@@ -25,7 +25,15 @@ from jax import lax
 from jax.sharding import Mesh
 
 from autotuner.problem import GroupedProblem, Problem
-from autotuner.strategies._common import Layout, check_mesh, constrain, pspec, run_loop, split
+from autotuner.strategies._common import (
+    Blocks,
+    Layout,
+    check_mesh,
+    constrain,
+    pspec,
+    run_loop,
+    split,
+)
 from autotuner.strategies.allgather import _AG
 from autotuner.strategies.baseline import comm_out_spec
 from autotuner.strategies.canonical import canonical, local_shape
@@ -121,7 +129,7 @@ class _Keep(_AG):
         super().__init__(problem, s)
         self.acc, self.odim = False, self.xdim
 
-    def partial(self, xc: jax.Array, y: jax.Array, i: Any, off: Any, k: int, sub: int = 0) -> jax.Array:
+    def partial(self, xc: jax.Array, y: jax.Array, b: Any, k: int, sub: int = 0) -> jax.Array:
         return xc
 
     def init_out(self, x: jax.Array, y: jax.Array) -> jax.Array:
@@ -140,17 +148,18 @@ class _Group:
         a0 = self.ags[0]
         self.n, self.lay, self.xdim, self.cs = a0.n, a0.lay, a0.xdim, a0.cs
 
-    def step(self, bufs: list[jax.Array], ws: Sequence[jax.Array], i: Any, off: Any,
+    def step(self, bufs: list[jax.Array], ws: Sequence[jax.Array], b: Any,
              send: Callable[[list[jax.Array]], list[jax.Array]] | None):
-        """One ring step: the shared buffers' transfer and every member's partial einsums of them."""
+        """One ring step, of block `b`: the shared buffers' transfer and every member's partial
+        einsums of them."""
         nxt = send(bufs) if send is not None and self.s.send_first else None
-        parts = [[ag.partial(b, w, i, off, k) for k, b in enumerate(bufs)] for ag, w in zip(self.ags, ws, strict=True)]
+        parts = [[ag.partial(buf, w, b, k) for k, buf in enumerate(bufs)] for ag, w in zip(self.ags, ws, strict=True)]
         if send is not None and not self.s.send_first:
             nxt = send(bufs)
         return nxt, parts
 
-    def absorb(self, outs: Sequence[jax.Array], parts: list[list[jax.Array]], i: Any, off: Any) -> tuple:
-        return tuple(ag.absorb(o, p, i, off) for ag, o, p in zip(self.ags, outs, parts, strict=True))
+    def absorb(self, outs: Sequence[jax.Array], parts: list[list[jax.Array]], b: Any) -> tuple:
+        return tuple(ag.absorb(o, p, b) for ag, o, p in zip(self.ags, outs, parts, strict=True))
 
     def init_outs(self, x: jax.Array, ws: Sequence[jax.Array]) -> tuple:
         return tuple(ag.init_out(x, w) for ag, w in zip(self.ags, ws, strict=True))
@@ -166,6 +175,7 @@ class _Group:
     def uni(self, x: jax.Array, *ws: jax.Array) -> tuple[jax.Array, ...]:
         n, s, lay = self.n, self.s, self.lay
         i = lax.axis_index(lay.axis)
+        at = Blocks(i, n)
         bufs = split(x, s.chunks, self.xdim)
         send = lambda b: lay.send(b, lay.left())  # noqa: E731 - device j receives block j+1+t
         loop = s.fuse == "loop"
@@ -173,15 +183,15 @@ class _Group:
 
         def body(carry, t):
             bufs, outs = carry
-            nxt, parts = self.step(bufs, ws, i, t, send)
+            nxt, parts = self.step(bufs, ws, at(t), send)
             if loop:
-                return (nxt, self.absorb(outs, parts, i, t)), None
+                return (nxt, self.absorb(outs, parts, at(t))), None
             return (nxt, outs), self.stacked(parts)
 
         (bufs, outs), ys = run_loop(body, (bufs, outs0), 0, n - 1, s.unroll)
-        _, parts = self.step(bufs, ws, i, n - 1, None)
+        _, parts = self.step(bufs, ws, at(n - 1), None)
         if loop:
-            return self.done(self.absorb(outs, parts, i, n - 1))
+            return self.done(self.absorb(outs, parts, at(n - 1)))
         last = self.stacked(parts)
         return tuple(ag.assemble([y[m] for y in ys] + [last[m][None]], i, lay.dtype)
                      for m, ag in enumerate(self.ags))
@@ -190,6 +200,7 @@ class _Group:
         n, s, lay, k = self.n, self.s, self.lay, len(self.ags)
         h, even = (n - 1) // 2, n % 2 == 0
         i = lax.axis_index(lay.axis)
+        at = Blocks(i, n)
         local = split(x, s.chunks, self.xdim)
         loop = s.fuse == "loop"
 
@@ -197,20 +208,20 @@ class _Group:
             """Right-moving buffers hold block i-t, left-moving ones block i+t."""
             sr = (lambda b: lay.send(b, lay.right())) if send else None
             sl = (lambda b: lay.send(b, lay.left())) if send else None
-            nr, pr = self.step(r, ws, i, -t, sr)
-            nl, pl = self.step(lb, ws, i, t, sl)
+            nr, pr = self.step(r, ws, at(-t), sr)
+            nl, pl = self.step(lb, ws, at(t), sl)
             return nr, nl, pr, pl
 
         send_both = lambda b: lay.send(b, lay.right()) + lay.send(b, lay.left())  # noqa: E731
-        sent, pl0 = self.step(local, ws, i, 0, send_both)
+        sent, pl0 = self.step(local, ws, at(0), send_both)
         nr, nl = sent[: s.chunks], sent[s.chunks:]
-        outs = self.absorb(self.init_outs(x, ws), pl0, i, 0) if loop else None
+        outs = self.absorb(self.init_outs(x, ws), pl0, at(0)) if loop else None
 
         def body(carry, t):
             r, lb, outs = carry
             r2, l2, pr, pl = both(r, lb, t, True)
             if loop:
-                return (r2, l2, self.absorb(self.absorb(outs, pr, i, -t), pl, i, t)), None
+                return (r2, l2, self.absorb(self.absorb(outs, pr, at(-t)), pl, at(t))), None
             return (r2, l2, outs), (self.stacked(pr), self.stacked(pl))
 
         (r, lb, outs), ys = run_loop(body, (nr, nl, outs), 1, h, s.unroll)
@@ -227,13 +238,13 @@ class _Group:
                 lb_b = lay.send(halves(lb, half, self.cs), lay.left())
             for m, (ag, w) in enumerate(zip(self.ags, ws, strict=True)):
                 for c in range(s.chunks):
-                    pa = ag.partial(ra[c], w, i, n // 2, c, 0)
-                    pb = ag.partial(lb_b[c], w, i, n // 2, c, half)
+                    pa = ag.partial(ra[c], w, at(n // 2), c, 0)
+                    pb = ag.partial(lb_b[c], w, at(n // 2), c, half)
                     anti[m].append(pa + pb if ag.acc else jnp.concatenate([pa, pb], axis=ag.odim))
         if loop:
-            outs = self.absorb(self.absorb(outs, pr, i, -h), pl, i, h)
+            outs = self.absorb(self.absorb(outs, pr, at(-h)), pl, at(h))
             if even:
-                outs = self.absorb(outs, anti, i, n // 2)
+                outs = self.absorb(outs, anti, at(n // 2))
             return self.done(outs)
         results = []
         for m, ag in enumerate(self.ags):

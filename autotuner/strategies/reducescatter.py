@@ -30,12 +30,12 @@ import jax.numpy as jnp
 from jax import lax
 
 from autotuner.problem import Problem
-from autotuner.strategies._common import Layout, run_loop, slice_dim
+from autotuner.strategies._common import Blocks, Layout, block_start, run_loop, slice_dim
 from autotuner.strategy import Strategy
 
 
 def after(dep: Any) -> Any:
-    """int32 0 computed from one element of each array in `dep` (None: plain 0). Added to a
+    """int32 0 computed from one element of each array in `dep` (None: Python 0). Added to a
     slice offset, it makes the slice (so the einsum reading it) wait until `dep` is computed.
     `x * 0 > 1` is false for every float x, NaN and inf included (x * 0 is then NaN), and XLA
     cannot fold it: x * 0 of a float is not 0 when x is not finite."""
@@ -55,12 +55,15 @@ class _RS:
         self.blk = self.lay.local_extent("out", self.L)
         self.cs = self.blk // s.chunks
 
-    def partial(self, lhs: jax.Array, rhs: jax.Array, i: Any, off: Any, k: int,
+    def partial(self, lhs: jax.Array, rhs: jax.Array, at: Blocks, off: Any, k: int,
                 sub: int = 0, size: int | None = None, dep: Any = None) -> jax.Array:
-        """This device's partial einsum of output block i+off, chunk k (from `sub`, `size` long),
-        started once `dep` is computed."""
+        """This device's partial einsum of output block i+off (`at(off)`), chunk k (from `sub`,
+        `size` long), started once `dep` is computed."""
         size = self.cs if size is None else size
-        start = ((i + off) % self.n) * self.blk + k * self.cs + sub + after(dep)
+        start = block_start(at(off), self.blk, k * self.cs + sub)
+        wait = after(dep)
+        if not isinstance(wait, int):
+            start = start + wait
         eq = self.p.eq
         a = slice_dim(lhs, eq.lhs, self.L, start, size)
         b = slice_dim(rhs, eq.rhs, self.L, start, size)
@@ -92,11 +95,11 @@ class _RS:
 
     def uni(self, lhs: jax.Array, rhs: jax.Array) -> jax.Array:
         n, s, lay = self.n, self.s, self.lay
-        i = lax.axis_index(lay.axis)
-        accs = self.chain(lambda k, d: self.partial(lhs, rhs, i, -1, k, dep=d).astype(lay.dtype), None)
+        at = Blocks(lax.axis_index(lay.axis), n)
+        accs = self.chain(lambda k, d: self.partial(lhs, rhs, at, -1, k, dep=d).astype(lay.dtype), None)
 
         def body(accs, t):
-            parts = lambda: [self.chain(lambda k, d: self.partial(lhs, rhs, i, -1 - t, k, dep=d), accs)]  # noqa: E731
+            parts = lambda: [self.chain(lambda k, d: self.partial(lhs, rhs, at, -1 - t, k, dep=d), accs)]  # noqa: E731
             return self.hop([accs], parts, [lay.right()])[0], None
 
         accs, _ = run_loop(body, accs, 1, n, s.unroll)
@@ -106,18 +109,18 @@ class _RS:
         n, s, lay = self.n, self.s, self.lay
         h, even = (n - 1) // 2, n % 2 == 0
         half = self.cs // 2
-        i = lax.axis_index(lay.axis)
+        at = Blocks(lax.axis_index(lay.axis), n)
 
         def both_parts(t: Any, dep: Any) -> list[list[jax.Array]]:
             """Partials at step t, after `dep`: for the right-moving accumulators block i+h-t+1,
             then for the left-moving ones block i-h+t-1."""
-            right = self.chain(lambda k, d: self.partial(lhs, rhs, i, h - t + 1, k, dep=d), dep)
-            return [right, self.chain(lambda k, d: self.partial(lhs, rhs, i, -(h - t + 1), k, dep=d), right)]
+            right = self.chain(lambda k, d: self.partial(lhs, rhs, at, h - t + 1, k, dep=d), dep)
+            return [right, self.chain(lambda k, d: self.partial(lhs, rhs, at, -(h - t + 1), k, dep=d), right)]
 
         if even:
             # step 0: the antipodal block's halves, the first to the right, the second to the left
-            pa = self.chain(lambda k, d: self.partial(lhs, rhs, i, n // 2, k, 0, half, d).astype(lay.dtype), None)
-            pb = self.chain(lambda k, d: self.partial(lhs, rhs, i, n // 2, k, half, half, d).astype(lay.dtype), pa)
+            pa = self.chain(lambda k, d: self.partial(lhs, rhs, at, n // 2, k, 0, half, d).astype(lay.dtype), None)
+            pb = self.chain(lambda k, d: self.partial(lhs, rhs, at, n // 2, k, half, half, d).astype(lay.dtype), pa)
             if s.send_first:
                 ra, lb = lay.send(pa, lay.right()), lay.send(pb, lay.left())
                 pr, pl = both_parts(1, pb)
@@ -142,7 +145,7 @@ class _RS:
 
         (r, lft), _ = run_loop(body, (r, lft), 2, h + 1, s.unroll)
         # last hop: both accumulators arrive at their owner, who adds its own block
-        own_parts = lambda: self.chain(lambda k, d: self.partial(lhs, rhs, i, 0, k, dep=d), (r, lft))  # noqa: E731
+        own_parts = lambda: self.chain(lambda k, d: self.partial(lhs, rhs, at, 0, k, dep=d), (r, lft))  # noqa: E731
         if s.send_first:
             rr, rl = lay.send(r, lay.right()), lay.send(lft, lay.left())
             own = own_parts()
