@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -12,7 +13,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from autotuner.problem import Entry, Problem, ProblemError
+from autotuner.problem import Entry, Equation, Problem, ProblemError
 
 LOW_PRECISION = ("bfloat16", "float16")
 
@@ -85,8 +86,8 @@ class Layout:
         return shape[i] // math.prod(mesh[a] for a in spec[i])
 
     def einsum(self, lhs: jax.Array, rhs: jax.Array, *, f32: bool = False) -> jax.Array:
-        pref = jnp.float32 if f32 else None
-        return jnp.einsum(str(self.eq), lhs, rhs, preferred_element_type=pref)
+        """The problem's einsum of these local pieces (float32 result with `f32`)."""
+        return einsum(self.eq, lhs, rhs, jnp.float32 if f32 else None)
 
     def right(self) -> list[tuple[int, int]]:
         """Device j sends to j+1."""
@@ -137,6 +138,28 @@ def block_start(b: Any, size: int, plus: int = 0) -> Any:
     """Where block `b` (traced) of `size` elements starts, `plus` elements further."""
     start = b * size
     return start + plus if plus else start
+
+
+@functools.cache
+def _dot_form(eq: Equation) -> tuple[Any, tuple[int, ...] | None]:
+    """`eq` as `lax.dot_general` dimension numbers and the permutation of its result into the
+    output's letter order (None when already in it)."""
+    batch, contract = eq.batch, eq.contracting
+    dims = ((tuple(eq.lhs.index(c) for c in contract), tuple(eq.rhs.index(c) for c in contract)),
+            (tuple(eq.lhs.index(c) for c in batch), tuple(eq.rhs.index(c) for c in batch)))
+    got = list(batch) + [c for c in eq.lhs if c not in eq.rhs] + [c for c in eq.rhs if c not in eq.lhs]
+    perm = tuple(got.index(c) for c in eq.out)
+    return dims, None if perm == tuple(range(len(perm))) else perm
+
+
+def einsum(eq: Equation, lhs: jax.Array, rhs: jax.Array, preferred: Any = None) -> jax.Array:
+    """`jnp.einsum(str(eq), lhs, rhs, preferred_element_type=preferred)` as one `dot_general`
+    (and a transpose where the output's order asks): the same program, without jnp.einsum's
+    contraction-path search on every call, which the rings make hundreds of in a large step
+    (`parse_equation` rules out repeated and lone summed letters, the cases that need more)."""
+    dims, perm = _dot_form(eq)
+    out = lax.dot_general(lhs, rhs, dims, preferred_element_type=preferred)
+    return out if perm is None else lax.transpose(out, perm)
 
 
 def slice_dim(x: jax.Array, letters: str, letter: str, start: Any, size: int) -> jax.Array:

@@ -88,14 +88,14 @@ class _AG:
 
     def init_out(self, x: jax.Array, y: jax.Array) -> jax.Array:
         """A zero output carry of the local output's shape (or the f32 accumulator)."""
-        xc = split(x, self.s.chunks, self.xdim)[0]
-        shape = jax.eval_shape(lambda a, b: self.partial(a, b, 0, 0),
-                               jax.ShapeDtypeStruct(xc.shape, xc.dtype), jax.ShapeDtypeStruct(y.shape, y.dtype))
-        if self.acc:
-            return jnp.zeros(shape.shape, shape.dtype)
-        full = list(shape.shape)
-        full[self.odim] = self.blk * self.n
-        return jnp.zeros(full, shape.dtype)
+        sizes = dict(zip(self.yl, y.shape, strict=True))
+        sizes.update(zip(self.xl, x.shape, strict=True))
+        sizes[self.L] = self.cs
+        dtype = jnp.float32 if self.acc and self.lay.low_precision else self.lay.dtype
+        shape = [sizes[c] for c in self.p.eq.out]
+        if not self.acc:
+            shape[self.odim] = self.blk * self.n
+        return jnp.zeros(shape, dtype)
 
     # -- programs -------------------------------------------------------------------------------
     def uni(self, x: jax.Array, y: jax.Array) -> jax.Array:
