@@ -11,6 +11,8 @@ Per depth and repetition, interleaved (caches cleared before each): `jit` is
 analyses and compiles the program its calls run (the first call compiles nothing more:
 tests/autotuner/overlap/test_overlap.py counts it), i.e. the time until the overlapped step can run.
 Temp memory: plain from the compiled plain step, overlapped from the plan (`plan.memory`). Medians, [min, max] with more than one repetition.
+A second table says where the time goes, medians per phase: jit's trace + lowering and compile,
+and the pass's own phases as `plan.cost` reports them (`autotuner.overlap.plan.Cost`).
 `--restart`: each depth runs in two fresh processes sharing a persistent compilation cache
 (JAX_COMPILATION_CACHE_DIR in a temporary folder): the first fills it, the second is timed (jit
 and overlap both warm), which is what a restarted training job pays.
@@ -48,7 +50,7 @@ def measure(layers: int, reps: int) -> dict[str, object]:
     from autotuner.overlap import overlap
     from tests.models import keras_hub_llama as K
 
-    jit_s, ov_s = [], []
+    jit_s, ov_s, phases = [], [], []
     plain_mb = ov_mb = 0.0
     applied = pairs = 0
     for _ in range(reps):
@@ -56,8 +58,11 @@ def measure(layers: int, reps: int) -> dict[str, object]:
         fn, args = K.train_step_sp(layers=layers)
         jax.clear_caches()
         t = time.perf_counter()
-        plain = fn.lower(*args).compile()
+        lowered = fn.lower(*args)
+        t1 = time.perf_counter()
+        plain = lowered.compile()
         jit_s.append(time.perf_counter() - t)
+        jit_phases = {"jit trace+lower": t1 - t, "jit compile": time.perf_counter() - t1}
         plain_mb = _temp_kb(plain)
         fn, args = K.train_step_sp(layers=layers)
         jax.clear_caches()
@@ -65,10 +70,11 @@ def measure(layers: int, reps: int) -> dict[str, object]:
         ov = overlap(fn, strategy=lambda p: space(p)[1])
         plan = ov.plan(*args)   # compiles the program the calls run (they compile nothing more)
         ov_s.append(time.perf_counter() - t)
+        phases.append(jit_phases | plan.cost.as_dict())
         ov_mb = (plan.memory.overlapped_bytes or 0) / 2**10
         applied, pairs = sum(r.applied for r in plan), len(plan)
     return {"layers": layers, "jit_s": jit_s, "overlap_s": ov_s, "pairs": pairs, "applied": applied,
-            "temp_mb_plain": plain_mb, "temp_mb_overlap": ov_mb}
+            "temp_mb_plain": plain_mb, "temp_mb_overlap": ov_mb, "phases": phases}
 
 
 def _line(r: dict[str, object]) -> str:
@@ -86,6 +92,17 @@ HEAD = ("| layers | jit compile | overlap preparation | ratio | pairs decomposed
         "|---|---|---|---|---|---|")
 
 
+PHASES = ("jit trace+lower", "jit compile", "trace", "analysis", "reading", "rewrite", "compile")
+PHASE_HEAD = ("where the time goes (seconds, medians): plain jax.jit's two phases, then the pass's as plan.cost "
+              "reports them\n| layers | " + " | ".join(PHASES) + " |\n|" + "---|" * (len(PHASES) + 1))
+
+
+def _phase_line(r: dict[str, object]) -> str:
+    got = r["phases"]
+    assert isinstance(got, list)
+    return f"| {r['layers']} | " + " | ".join(f"{statistics.median(p[k] for p in got):.2f}" for k in PHASES) + " |"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--layers", default="2,8,16", help="comma-separated depths")
@@ -99,9 +116,11 @@ def main() -> None:
         return
     depths = [int(x) for x in a.layers.split(",")]
     print(HEAD + ("  (restarted: warm persistent cache)" if a.restart else ""), flush=True)
+    results = []
     for n in depths:
         if not a.restart:
-            print(_line(measure(n, a.reps)), flush=True)
+            results.append(measure(n, a.reps))
+            print(_line(results[-1]), flush=True)
             continue
         with tempfile.TemporaryDirectory(prefix="pass-cost-cache-") as cache:
             env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": cache,
@@ -110,7 +129,11 @@ def main() -> None:
             cmd = [sys.executable, __file__, "--one", str(n), "--reps", "1"]
             subprocess.run(cmd, env=env, check=True, capture_output=True)          # fills the cache
             out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
-            print(_line(json.loads(out.strip().splitlines()[-1])), flush=True)
+            results.append(json.loads(out.strip().splitlines()[-1]))
+            print(_line(results[-1]), flush=True)
+    print("\n" + PHASE_HEAD)
+    for r in results:
+        print(_phase_line(r))
 
 
 if __name__ == "__main__":

@@ -155,8 +155,8 @@ def check_numerics(rows: list[dict[str, Any]], error: float, tolerance: float | 
 
 def plan_notes(plan: Any) -> list[str]:
     """What concerns the whole program: the compiled step's temp memory, plain vs overlapped (and
-    the bound the pass kept to), then the plan's notes."""
-    return [str(plan.memory), *plan.notes]
+    the bound the pass kept to), what preparing it took, then the plan's notes."""
+    return [str(plan.memory), str(plan.cost), *plan.notes]
 
 
 class Bench:

@@ -131,7 +131,8 @@ def plan_cmd(
             row.pop("problem")
             sys.stdout.write(json.dumps(row) + "\n")
         sys.stdout.flush()
-        err.print(notes[0], highlight=False)
+        for t in notes[:2]:   # temp memory, preparation time
+            err.print(t, highlight=False)
     else:
         print_plan(rows, notes)
     if not plan:

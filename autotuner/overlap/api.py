@@ -187,7 +187,7 @@ class Overlapped:
     def plan(self, *args: Any, **kwargs: Any) -> Plan:
         """One row per decomposable pair of the program at these arguments (see `PlanRow`)."""
         got = self._prepare(args, kwargs).plan
-        return Plan(got, got.notes, got.memory, got.program)
+        return Plan(got, got.notes, got.memory, got.program, got.cost)
 
     def lower(self, *args: Any, **kwargs: Any) -> Any:
         """The overlapped program lowered for these arguments (as `jax.jit(...).lower`)."""
@@ -234,6 +234,7 @@ class Overlapped:
         from autotuner.overlap.find import find_sites
         from autotuner.overlap.memory import gathered_bytes, mib, over
         from autotuner.overlap.memory import shed as memory_shed
+        from autotuner.overlap.plan import Cost
 
         mesh = _mesh_of((args, kwargs), self.jit_kwargs)
         plain = jax.jit(self.fn, **self.jit_kwargs)
@@ -263,35 +264,43 @@ class Overlapped:
         # The analysis compile ends before code generation where the backend allows it (an extra
         # output, so not where the caller fixed the outputs' shardings).
         stops = stops_here() and self.jit_kwargs.get("out_shardings") is None
+        cost = Cost()
         for n in range(rounds):
             interp = Interpreter(mesh, dict(actions), traced=traced)
             jitted = self._jit(interp, stop=n == 0 and stops)
             try:
-                lowered = lower(jitted, *args, **kwargs)
+                with cost.timing("rewrite" if n else "trace"):
+                    lowered = lower(jitted, *args, **kwargs)
                 if n and explicit:
-                    compiled = lowered.compile()
+                    with cost.timing("compile"):
+                        compiled = lowered.compile()
                     break
-                part = partitioned_texts(lowered, analysis=n == 0, stops=n == 0 and stops)
+                with cost.timing("compile" if n else "analysis"):
+                    part = partitioned_texts(lowered, analysis=n == 0, stops=n == 0 and stops)
                 compiled = part.compiled
                 if n == 0:
                     plain_temp = part.temp_bytes
-                found = find_sites(part.pre, part.post, part.parts, interp, mesh, seen)
+                with cost.timing("reading"):
+                    found = find_sites(part.pre, part.post, part.parts, interp, mesh, seen)
             except Exception as e:  # noqa: BLE001 - never worse than plain jit
                 if not actions:
                     note = f"the program could not be analysed, so it runs as plain jit: {e}"
                     log.warning("overlap: %s", note)
-                    return _Prepared(plain, Plan(numbered(rows), [*notes, note]))
+                    return _Prepared(plain, Plan(numbered(rows), [*notes, note], cost=cost))
                 log.warning("overlap: the rewritten program could not be compiled (%s: %s); using "
                             "plain jit", type(e).__name__, e)
-                return _all_plain(plain, rows, notes, "the rewritten program could not be compiled; plain jit")
+                return _all_plain(plain, rows, notes, "the rewritten program could not be compiled; plain jit", cost)
             notes += [t for t in found.notes if t not in notes]
             if n == 0:
                 program = program_key(found.rows)
-                evidence = _evidence(self.client, program) if self.mode == "auto" else {}
+                with cost.timing("reading"):
+                    evidence = _evidence(self.client, program) if self.mode == "auto" else {}
             if injob is not None:   # measure the untuned units now: `choose` then finds their answers
-                injob.run(found.sites, evidence)
+                with cost.timing("tuning"):
+                    injob.run(found.sites, evidence)
                 notes[:] = [t for t in notes if not t.startswith("in-job tuning")] + [injob.summary()]
-            new_actions, new_rows = choose(self.mode, self.chosen, self.client, found.sites, found.rows, evidence)
+            with cost.timing("reading"):
+                new_actions, new_rows = choose(self.mode, self.chosen, self.client, found.sites, found.rows, evidence)
             if injob is not None:
                 new_rows = injob.mark(found.sites, new_rows)
             if n:
@@ -303,17 +312,19 @@ class Overlapped:
                 break
             actions.update(new_actions)
         if not actions:   # nothing to rewrite: exactly plain jit (compiled on the first call)
-            return _Prepared(plain, Plan(numbered(rows), notes, Memory(plain_temp, plain_temp, self.memory), program))
+            return _Prepared(plain, Plan(numbered(rows), notes, Memory(plain_temp, plain_temp, self.memory), program,
+                                         cost))
         if interp.actions != actions:   # the last round found more: this program is not compiled yet
             interp = Interpreter(mesh, dict(actions), traced=traced)
             jitted, compiled = self._jit(interp), None
             try:
-                jitted.trace(*args, **kwargs)   # the rewrite happens at trace time
+                with cost.timing("rewrite"):
+                    jitted.trace(*args, **kwargs)   # the rewrite happens at trace time
             except Exception as e:  # noqa: BLE001 - never worse than plain jit
                 log.warning("overlap: the rewritten program did not trace (%s: %s); using plain jit",
                             type(e).__name__, e)
                 return _all_plain(plain, rows, notes,
-                                  f"the rewritten program did not trace ({type(e).__name__}); plain jit")
+                                  f"the rewritten program did not trace ({type(e).__name__}); plain jit", cost)
         shed: dict[str, str] = {}
         overlapped_temp = temp_bytes(compiled) if compiled is not None else None
         rings_shed = 0
@@ -330,10 +341,13 @@ class Overlapped:
             interp = Interpreter(mesh, dict(actions), traced=traced)
             jitted = self._jit(interp)
             try:
-                compiled = lower(jitted, *args, **kwargs).compile()
+                with cost.timing("rewrite"):
+                    lowered = lower(jitted, *args, **kwargs)
+                with cost.timing("compile"):
+                    compiled = lowered.compile()
             except Exception as e:  # noqa: BLE001 - never worse than plain jit
                 return _all_plain(plain, rows, notes,
-                                  f"the rewritten program could not be compiled ({type(e).__name__}); plain jit")
+                                  f"the rewritten program could not be compiled ({type(e).__name__}); plain jit", cost)
             overlapped_temp = temp_bytes(compiled)
         owners = {r.name for t, r in zip(tags, rows, strict=True) if t in shed}
         out = []
@@ -365,7 +379,7 @@ class Overlapped:
         static = self.jit_kwargs.get("static_argnums") is not None or self.jit_kwargs.get("static_argnames")
         run = compiled if compiled is not None and not static else jitted
         return _Prepared(run, Plan(numbered(out), notes, memory=Memory(plain_temp, overlapped_temp, self.memory),
-                                   program=program), jitted)
+                                   program=program, cost=cost), jitted)
 
 
 def _check_tune(tune: Any, budget: Any, mode: str) -> tuple[str | None, float]:
@@ -394,9 +408,9 @@ def _evidence(client: Any, program: str) -> dict[str, Any]:
         return {}
 
 
-def _all_plain(plain: Any, rows: list[PlanRow], notes: list[str], why: str) -> _Prepared:
+def _all_plain(plain: Any, rows: list[PlanRow], notes: list[str], why: str, cost: Any = None) -> _Prepared:
     """Plain jit after all: every applied row is left baseline, and says why."""
-    return _Prepared(plain, Plan(numbered([r.unapplied(why) if r.applied else r for r in rows]), notes))
+    return _Prepared(plain, Plan(numbered([r.unapplied(why) if r.applied else r for r in rows]), notes, cost=cost))
 
 
 def overlap(fn: Callable[..., Any] | None = None, *, strategy: Any = "auto", client: Any = None,

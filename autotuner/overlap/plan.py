@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from autotuner.problem import GroupedProblem, Problem
@@ -68,15 +71,56 @@ class Memory:
                 + (f" ({100 * g:+.1f}%; {bound})" if g is not None else f" ({bound})"))
 
 
+@dataclass
+class Cost:
+    """Seconds the pass spent preparing one signature, by phase: `trace`, the function traced
+    with every dot tagged and lowered (plain jit traces and lowers too); `analysis`, the compile
+    whose only products are the partitioned HLO and the plain step's temp bytes; `reading`,
+    finding the pairs in that HLO and choosing their strategies; `rewrite`, the rewritten
+    program traced and lowered; `compile`, compiling the program that runs (with what the memory
+    bound recompiles); `tuning`, measuring untuned pairs in the job (`tune="missing"`). A
+    program with nothing to rewrite compiles as plain jit on its first call, outside these."""
+
+    trace: float = 0.0
+    analysis: float = 0.0
+    reading: float = 0.0
+    rewrite: float = 0.0
+    compile: float = 0.0
+    tuning: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return sum(getattr(self, f.name) for f in fields(self))
+
+    @contextlib.contextmanager
+    def timing(self, phase: str) -> Iterator[None]:
+        """Add the time of the `with` block to `phase`."""
+        t = time.perf_counter()
+        try:
+            yield
+        finally:
+            setattr(self, phase, getattr(self, phase) + time.perf_counter() - t)
+
+    def as_dict(self) -> dict[str, float]:
+        return {f.name: round(getattr(self, f.name), 3) for f in fields(self)} | {"total": round(self.total, 3)}
+
+    def __str__(self) -> str:
+        parts = [f"{f.name} {getattr(self, f.name):.2f}" for f in fields(self) if getattr(self, f.name)]
+        return f"prepared in {self.total:.2f} s" + (f" ({', '.join(parts)})" if parts else "")
+
+
 class Plan(list[PlanRow]):
     """The rows of `Overlapped.plan`; `notes`: what concerns the whole program; `memory`: the
-    compiled step's temp bytes, plain and overlapped; `str()`: a table."""
+    compiled step's temp bytes, plain and overlapped; `cost`: what preparing it took; `str()`:
+    a table."""
 
-    def __init__(self, rows: Any = (), notes: Any = (), memory: Memory | None = None, program: str = "") -> None:
+    def __init__(self, rows: Any = (), notes: Any = (), memory: Memory | None = None, program: str = "",
+                 cost: Cost | None = None) -> None:
         super().__init__(rows)
         self.notes: list[str] = list(notes)
         self.memory = memory or Memory()
         self.program = program   # `program_key` of the pairs the first analysis found ("" if none)
+        self.cost = cost or Cost()
 
     def __str__(self) -> str:
         head = ("pair", "problem", "collective", "strategy", "source", "speedup", "x", "note")
@@ -88,7 +132,7 @@ class Plan(list[PlanRow]):
         lines = ["  ".join(c.ljust(w) for c, w in zip(row[:-1], widths, strict=True)) + "  " + row[-1]
                  for row in rows]
         n = sum(r.applied for r in self)
-        return "\n".join(lines + [f"{n} of {len(self)} pairs decomposed", str(self.memory)]
+        return "\n".join(lines + [f"{n} of {len(self)} pairs decomposed", str(self.memory), str(self.cost)]
                          + [f"note: {t}" for t in self.notes])
 
 

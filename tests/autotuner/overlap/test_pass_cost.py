@@ -74,6 +74,10 @@ def test_one_cheap_analysis_then_the_program_that_runs(kind: str, compiles: list
         assert len(compiles) == 1
     else:                    # Auto layouts: compiled (at full options) and analysed for new pairs
         assert len(compiles) == 2 and not _cheap(compiles[1]) and "xla_dump_to" in compiles[1]
+    # what preparing took, by phase (the plan says it, with the memory)
+    c = plan.cost
+    assert min(c.trace, c.analysis, c.reading, c.rewrite, c.compile) > 0 and c.tuning == 0, c
+    assert f"prepared in {c.total:.2f} s (trace {c.trace:.2f}, analysis {c.analysis:.2f}" in str(plan)
     # the prepared executable runs without a compile on the first call, and equals plain jit
     before = len(compiles)
     np.testing.assert_allclose(np.asarray(ov(*args)), np.asarray(jax.jit(f)(*args)), rtol=1e-5, atol=1e-5)
