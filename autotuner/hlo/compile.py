@@ -10,9 +10,14 @@ import json
 import logging
 import os
 import re
+import shutil
 import tempfile
+import threading
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any, NamedTuple
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
 
 from autotuner.hlo.pairs import ExtractReport
 from autotuner.hlo.problems import extract_from_hlo
@@ -102,16 +107,29 @@ def _cache_key(lowered: Any, opts: Mapping[str, Any]) -> str:
     return h.hexdigest()
 
 
-class Partitioned(NamedTuple):
+@dataclass(frozen=True)
+class Partitioned:
     """A lowered program's HLO text before and after XLA's SPMD partitioner (both '' for a
     one-device program, where it does not run), its partition count, the compiled program's temp
-    (scratch) bytes per device, and the executable where one was compiled to run."""
+    (scratch) bytes per device (`temp_bytes`; an analysis compile may still be finishing them, see
+    `partitioned_texts`), and the executable where one was compiled to run."""
 
     pre: str
     post: str
     parts: int
-    temp_bytes: int | None
+    temp: int | None | Future[int | None]
     compiled: Any
+
+    @property
+    def temp_bytes(self) -> int | None:
+        """The temp bytes per device (None where not known), waiting for the analysis if needed."""
+        if not isinstance(self.temp, Future):
+            return self.temp
+        try:
+            return self.temp.result()
+        except Exception as e:  # noqa: BLE001 - the texts were read; only the bytes are missing
+            log.warning("the analysis compile failed after the partitioner (%s); temp memory unknown", e)
+            return None
 
 
 def temp_bytes(compiled: Any) -> int | None:
@@ -176,6 +194,8 @@ def partitioned_texts(lowered: Any, *, analysis: bool = False, stops: bool = Fal
     cache = _texts_cache()
     key = _cache_key(lowered, cheap) if cache else ""
     texts = _load(cache, key) if cache else None
+    if texts is None and analysis and stops and cache is None:
+        return _early_texts(lowered, cheap)
     if texts is None:
         # With a persistent cache the texts come from a cheap compile of their own, so that the
         # executable is compiled (below) exactly as a later run will look it up in JAX's cache.
@@ -192,6 +212,63 @@ def partitioned_texts(lowered: Any, *, analysis: bool = False, stops: bool = Fal
         if not dump_only:
             return Partitioned(*texts, compiled)
     return Partitioned(*texts, None if analysis else _compile(lowered, {}))
+
+
+def _early_texts(lowered: Any, opts: Mapping[str, Any]) -> Partitioned:
+    """A stopped analysis compile whose texts are read as soon as the partitioner has dumped them:
+    the compile runs in a thread (XLA releases the GIL) and goes on, through the optimization
+    passes to the buffer assignment, while the caller reads the texts and rewrites the program;
+    `temp_bytes` waits for it. About half of a stopped compile comes after the partitioner."""
+    d = tempfile.mkdtemp(prefix="autotuner-extract-")
+    fut: Future[int | None] = Future()
+    read = threading.Event()
+
+    def work() -> None:
+        try:
+            _compile(lowered, {**opts, **_DUMP, "xla_dump_to": d}, stops=True)
+            fut.set_result(_dumped_temp(d, _dumped_module(d)))
+        except BaseException as e:  # noqa: BLE001 - handed to whoever waits for the bytes
+            fut.set_exception(e)
+        finally:
+            read.wait()   # the caller reads the texts from `d` first
+            shutil.rmtree(d, ignore_errors=True)
+
+    threading.Thread(target=work, name="autotuner-analysis").start()
+    try:
+        while not fut.done() and not _dumped_whole(d):
+            time.sleep(0.005)
+        if fut.done() and fut.exception() is not None and not _dumped_whole(d):
+            raise fut.exception()  # type: ignore[misc]
+        pre, post, parts, _ = _read_dump(d)
+    finally:
+        read.set()
+    return Partitioned(pre, post, parts, fut, None)
+
+
+def _dumped_module(d: str) -> str:
+    """The module_NNNN prefix of the dumps in `d` ('' if none)."""
+    files = sorted(glob.glob(os.path.join(d, "*.txt")))
+    return os.path.basename(files[-1]).split(".")[0] if files else ""
+
+
+def _dumped_whole(d: str) -> bool:
+    """Whether the partitioned module is dumped in `d`, whole: XLA writes a dump as it goes, and
+    prints the ENTRY computation last, so a file that has it and ends with a computation's
+    closing brace is complete."""
+    files = glob.glob(os.path.join(d, "*after_spmd-partitioning*.txt"))
+    if not files:
+        return False
+    try:
+        with open(files[0], "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - 4))
+            if not fh.read().rstrip(b"\n").endswith(b"\n}"):
+                return False
+            fh.seek(0)
+            return b"\nENTRY " in fh.read()
+    except OSError:
+        return False
 
 
 @contextlib.contextmanager

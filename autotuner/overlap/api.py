@@ -258,7 +258,7 @@ class Overlapped:
         seen: set[str] = set()
         traced: dict[str, Any] = {}
         compiled = None
-        plain_temp: int | None = None
+        analysed: Any = None   # round 1's Partitioned: its temp bytes may still be on the way
         program, evidence = "", {}
         injob = InJob(self.client, mesh, self.tune_budget_s) if self.tune == "missing" else None
         # The analysis compile ends before code generation where the backend allows it (an extra
@@ -279,7 +279,7 @@ class Overlapped:
                     part = partitioned_texts(lowered, analysis=n == 0, stops=n == 0 and stops)
                 compiled = part.compiled
                 if n == 0:
-                    plain_temp = part.temp_bytes
+                    analysed = part
                 with cost.timing("reading"):
                     found = find_sites(part.pre, part.post, part.parts, interp, mesh, seen)
             except Exception as e:  # noqa: BLE001 - never worse than plain jit
@@ -296,6 +296,9 @@ class Overlapped:
                 with cost.timing("reading"):
                     evidence = _evidence(self.client, program) if self.mode == "auto" else {}
             if injob is not None:   # measure the untuned units now: `choose` then finds their answers
+                if analysed is not None:
+                    with cost.timing("analysis"):
+                        analysed.temp_bytes   # noqa: B018 - no compile beside the measurements
                 with cost.timing("tuning"):
                     injob.run(found.sites, evidence)
                 notes[:] = [t for t in notes if not t.startswith("in-job tuning")] + [injob.summary()]
@@ -311,6 +314,9 @@ class Overlapped:
             if not new_actions:
                 break
             actions.update(new_actions)
+        # the plain step's temp bytes: the analysis compile may have gone on beside the rounds
+        with cost.timing("analysis"):
+            plain_temp = analysed.temp_bytes if analysed is not None else None
         if not actions:   # nothing to rewrite: exactly plain jit (compiled on the first call)
             return _Prepared(plain, Plan(numbered(rows), notes, Memory(plain_temp, plain_temp, self.memory), program,
                                          cost))

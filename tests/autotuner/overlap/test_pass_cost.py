@@ -5,6 +5,7 @@ for its analysis."""
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from typing import Any
 
 import jax
@@ -48,8 +49,9 @@ def compiles(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
     real = hc._compile
 
     def counting(lowered: Any, opts: Any, *, stops: bool = False) -> Any:
+        seen.append(entry := {**opts, "stopped": False})   # in call order (the analysis runs in a thread)
         got = real(lowered, opts, stops=stops)
-        seen.append({**opts, "stopped": stops and got is None})
+        entry["stopped"] = stops and got is None
         return got
 
     monkeypatch.setattr(hc, "_compile", counting)
@@ -94,12 +96,41 @@ def test_the_stopped_analysis_reads_what_a_full_compile_says() -> None:
         return f(*a), hc.analysis_stop()
 
     got = hc.partitioned_texts(jax.jit(stopped).lower(*args), analysis=True, stops=True)
+    assert isinstance(got.temp, Future)   # read once partitioned: the compile went on in its thread
     want = hc.partitioned_texts(full, analysis=True)
     assert got.parts == want.parts == 4 and "all-gather" in got.post
     strip = lambda t: [ln for ln in t.splitlines() if "all-gather" in ln or " dot(" in ln]  # noqa: E731
     assert [ln.split("metadata")[0] for ln in strip(got.post)] == [ln.split("metadata")[0] for ln in strip(want.post)]
     assert got.temp_bytes == full.compile().memory_analysis().temp_size_in_bytes
     assert got.compiled is None
+
+
+def test_the_partitioned_dump_is_read_only_when_whole(tmp_path: Any) -> None:
+    """XLA writes a dump as it goes: the texts are read once the partitioned module's file holds
+    its ENTRY computation (printed last) and that computation's closing brace."""
+    whole = "HloModule m, num_partitions=4\n\n%add {\n  ROOT %a = f32[] add(f32[] %x, f32[] %y)\n}\n\n" \
+            "ENTRY %main {\n  %p = f32[4]{0} parameter(0), sharding={replicated}\n  ROOT %c = f32[4]{0} copy(%p)\n}\n\n"
+    path = tmp_path / "module_0001.jit_f.0001.spmd-partitioner.after_spmd-partitioning.before_x.txt"
+    assert not hc._dumped_whole(str(tmp_path))                       # not dumped yet
+    for cut in (whole.index("ENTRY"), whole.index("ENTRY") - 1, whole.index("sharding={replicated}") + 21,
+                len(whole) - 5):
+        path.write_text(whole[:cut])
+        assert not hc._dumped_whole(str(tmp_path)), whole[:cut][-30:]
+    path.write_text(whole)
+    assert hc._dumped_whole(str(tmp_path))
+
+
+def test_an_analysis_that_fails_before_the_partitioner_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    f, args = _program("auto")
+
+    def failing(lowered: Any, opts: Any, *, stops: bool = False) -> Any:
+        raise hc.ExtractError("could not compile the function: broken on purpose")
+
+    monkeypatch.setattr(hc, "_compile", failing)
+    with pytest.raises(hc.ExtractError, match="broken on purpose"):
+        hc.partitioned_texts(jax.jit(f).lower(*args), analysis=True, stops=True)
+    plan = overlap(f, strategy=lambda p: space(p)[1]).plan(*args)   # the pass: plain jit, and why
+    assert list(plan) == [] and "could not be analysed" in plan.notes[-1] and "broken on purpose" in plan.notes[-1]
 
 
 def test_nothing_to_rewrite_is_plain_jit(compiles: list[dict[str, Any]]) -> None:
