@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from dataclasses import dataclass, field
@@ -28,8 +29,24 @@ class Instr:
     opcode: str
     operands: list[str]
     operand_text: str
-    attrs: dict[str, str]
+    attr_text: str                   # what follows the operands, as written; `attrs` parses it
     computation: str
+
+    @functools.cached_property
+    def attrs(self) -> dict[str, str]:
+        """The attributes (key=value after the operands), parsed on first use: most instructions'
+        are never read, and splitting them was a third of parsing a large module."""
+        attrs: dict[str, str] = {}
+        last = None
+        for item in _split_top(self.attr_text):
+            if "=" in item:
+                k, v = item.split("=", 1)
+                k = k.strip()
+                attrs[k] = v.strip()
+                last = k
+            elif last is not None:
+                attrs[last] += ", " + item
+        return attrs
 
     def attr_ints(self, key: str) -> tuple[int, ...]:
         v = self.attrs.get(key)
@@ -194,17 +211,7 @@ def _parse_instr(name: str, rest: str, comp: str) -> Instr:
     operands = re.findall(r"%([\w.\-]+)", operand_text)
     if not operands and opcode not in ("constant", "parameter", "iota", "partition-id", "replica-id"):
         operands = [t.split()[-1] for t in _split_top(operand_text) if t.split()]
-    attrs: dict[str, str] = {}
     tail = rest[end:].strip()
     if tail.startswith(","):
         tail = tail[1:]
-    last = None
-    for item in _split_top(tail):
-        if "=" in item:
-            k, v = item.split("=", 1)
-            k = k.strip()
-            attrs[k] = v.strip()
-            last = k
-        elif last is not None:
-            attrs[last] += ", " + item
-    return Instr(name, etype, shape, opcode, operands, operand_text, attrs, comp)
+    return Instr(name, etype, shape, opcode, operands, operand_text, tail, comp)
