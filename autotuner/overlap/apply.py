@@ -21,6 +21,11 @@ source tracebacks and equation contexts) while tracing, with two differences:
   finds in the partitioned HLO names its equation exactly, even when several equations share
   source line and name stack (layers of a Python loop, forward and recomputed forward).
 
+A ring is built once per (problem, strategy) for all the rounds of a signature and bound as a
+`jax.jit` call wherever its problem recurs (the layers of a model repeat a handful of problems):
+traced once, lowered once by jax, inlined by XLA, so the compiled program is the one the inline
+ring gives, at a fraction of the tracing.
+
 Sub-jaxprs (jit, scan, while, cond, checkpoint/remat, custom_jvp/custom_vjp calls) that contain
 a dot are rebuilt by tracing this interpreter over them with their own input types, and the
 equation is bound again with the rebuilt jaxpr; `shard_map` bodies are left alone (already manual).
@@ -129,6 +134,7 @@ class Interpreter:
     failed: dict[str, str] = field(default_factory=dict)   # tag or eqn path -> why not applied
     _has_dot: dict[int, bool] = field(default_factory=dict)
     _pos: dict[int, dict[int, int]] = field(default_factory=dict)   # id(jaxpr) -> {id(eqn): position}
+    _replaced: dict[tuple[int, ...], set[int]] = field(default_factory=dict)  # jaxpr path -> ids of its replaced dots
     _pending: dict[str, Any] = field(default_factory=dict)   # group member tag -> its computed result
     _subst: dict[int, dict[int, Any]] = field(default_factory=dict)  # id(eqn) -> {operand: kept gather}
     kept: dict[str, int] = field(default_factory=dict)   # tag -> other users given the kept gather
@@ -297,7 +303,7 @@ class Interpreter:
                 member = problem
                 lhs = read(self._pick(eqn.invars[0], problem.lhs.spec, producer))
                 rhs = read(self._pick(eqn.invars[1], problem.rhs.spec, producer))
-                fn = build(problem, strategy, self.mesh)
+                fn = self._ring(build, problem, strategy)
                 with siu.set_name_stack(name_stack.extend(f"overlap[{strategy.key}]")):
                     out = fn(lhs, rhs)
             self._bind(eqn.outvars[0], out, member, env, consumers, skip)
@@ -310,6 +316,19 @@ class Interpreter:
             return False
         self.applied.add(tag)
         return True
+
+    def _ring(self, builder: Callable[..., Any], problem: Problem | GroupedProblem, strategy: Strategy
+              ) -> Callable[..., Any]:
+        """`builder(problem, strategy, mesh)` under `jax.jit`, one per (builder, problem, strategy)
+        for all the rounds of a signature: the layers of a model repeat the same problems, so each
+        ring is traced once and bound as a call wherever it recurs (jax also lowers it once); XLA
+        inlines the calls, so the compiled program is the same as with the ring traced inline."""
+        rings = self.traced.setdefault("rings", {})
+        key = (builder.__name__, problem, strategy)
+        fn = rings.get(key)
+        if fn is None:
+            fn = rings[key] = jax.jit(builder(problem, strategy, self.mesh))
+        return fn
 
     def _group(self, act: Action, tag: str, jaxpr: Any, path: tuple[int, ...], env: dict[Any, Any],
                producer: dict[Any, Any], consumers: dict[Any, list[Any]], name_stack: Any,
@@ -343,17 +362,17 @@ class Interpreter:
                              "so its all-gather would stay")
         with siu.set_name_stack(name_stack.extend(f"overlap[{act.strategy.key}]")):
             if users:
-                *outs, gathered = build_keeping(act.problem, act.strategy, self.mesh)(read(xs[0]), *map(read, ws))
+                *outs, gathered = self._ring(build_keeping, act.problem, act.strategy)(read(xs[0]), *map(read, ws))
                 for e, j in users:
                     self._subst.setdefault(id(e), {})[j] = gathered
                 self.kept[tags[0]] = len(users)
-                pos = {id(e): i for i, e in enumerate(jaxpr.eqns)}
+                pos = self._positions_of(jaxpr)
                 self.kept_span[tags[0]] = (at, max(pos[id(e)] for e, _ in users), len(jaxpr.eqns))
             elif isinstance(act.problem, GroupedProblem):
-                outs = list(build(act.problem, act.strategy, self.mesh)(read(xs[0]), *map(read, ws)))
+                outs = list(self._ring(build, act.problem, act.strategy)(read(xs[0]), *map(read, ws)))
             else:
                 lhs, rhs = (xs[0], ws[0]) if members[0].pattern.operand == "lhs" else (ws[0], xs[0])
-                outs = [build(act.problem, act.strategy, self.mesh)(read(lhs), read(rhs))]
+                outs = [self._ring(build, act.problem, act.strategy)(read(lhs), read(rhs))]
         self._pending.update(zip(tags, outs, strict=True))
 
     def _early(self, jaxpr: Any, path: tuple[int, ...], producer: dict[Any, Any],
@@ -366,7 +385,7 @@ class Interpreter:
         prefix = tag_of(path) + "_" if path else ""
         out: dict[int, list[tuple[str, Action]]] = {}
         done: set[tuple[str, ...]] = set()
-        pos = {id(e): i for i, e in enumerate(jaxpr.eqns)}
+        pos = self._positions_of(jaxpr)
         for tag, act in self.actions.items():
             tags = act.tags or (tag,)
             if not act.keep or tags in done or not tags[0].startswith(prefix):
@@ -384,6 +403,13 @@ class Interpreter:
                 out.setdefault(first, []).append((tags[0], act))
         return out
 
+    def _positions_of(self, jaxpr: Any) -> dict[int, int]:
+        """{id(eqn): its position} of a jaxpr's equations, once per jaxpr."""
+        pos = self._pos.get(id(jaxpr))
+        if pos is None:
+            pos = self._pos[id(jaxpr)] = {id(e): i for i, e in enumerate(jaxpr.eqns)}
+        return pos
+
     def _operands(self, m: Problem, eqn: Any, producer: dict[Any, Any]) -> tuple[Any, Any]:
         """(gathered operand, weight) vars of an all-gather member's dot, before their relayouts."""
         i = 0 if m.pattern.operand == "lhs" else 1
@@ -398,12 +424,13 @@ class Interpreter:
         gather's result `gspec` (Explicit layouts), and the dots reading `x` itself or a relayout
         of it without an explicit layout (a dot gathers such an operand itself: Explicit sharding
         rules or GSPMD). Other uses take `x` as it is."""
-        pos = self._pos.get(id(jaxpr))
-        if pos is None:
-            pos = self._pos[id(jaxpr)] = {id(e): i for i, e in enumerate(jaxpr.eqns)}
-        prefix = tag_of(path) + "_" if path else ""
-        replaced = {id(jaxpr.eqns[int(r)]) for t in self.actions
-                    if t.startswith(prefix) and (r := t[len(prefix):]).isdigit() and int(r) < len(jaxpr.eqns)}
+        pos = self._positions_of(jaxpr)
+        replaced = self._replaced.get(path)
+        if replaced is None:   # a jaxpr object may recur at several paths (one jitted function)
+            prefix = tag_of(path) + "_" if path else ""
+            replaced = self._replaced[path] = {
+                id(jaxpr.eqns[int(r)]) for t in self.actions
+                if t.startswith(prefix) and (r := t[len(prefix):]).isdigit() and int(r) < len(jaxpr.eqns)}
         out: list[tuple[Any, int]] = []
         todo, seen = [x], set()
         while todo:
