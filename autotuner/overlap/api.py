@@ -79,15 +79,18 @@ buffer assignment are read: `hlo.compile.analysis_stop`); one compile of the rew
 rounds only when new pairs appear). With JAX's
 persistent compilation cache configured, the partitioned texts are kept beside it, so a restarted
 job compiles nothing for the analysis and finds the rewritten executable in JAX's cache. A program
-with nothing to rewrite is plain `jax.jit`, compiled on its first call. `bench/pass_cost.py`
+with nothing to rewrite is plain `jax.jit`, compiled on its first call. Python's full garbage
+collections wait while a signature is prepared (`_no_full_collections`). `bench/pass_cost.py`
 measures it against plain jit.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -205,7 +208,8 @@ class Overlapped:
         with self._lock:
             hit = self._cache.get(sig)
             if hit is None:
-                hit = self._cache[sig] = self._build(args, kwargs)
+                with _no_full_collections():
+                    hit = self._cache[sig] = self._build(args, kwargs)
             return hit
 
     def _jit(self, interp: Any, stop: bool = False) -> Any:
@@ -386,6 +390,35 @@ class Overlapped:
         run = compiled if compiled is not None and not static else jitted
         return _Prepared(run, Plan(numbered(out), notes, memory=Memory(plain_temp, overlapped_temp, self.memory),
                                    program=program, cost=cost), jitted)
+
+
+_gc_lock = threading.Lock()
+_gc_depth = 0
+_gc_saved: tuple[int, ...] = ()
+
+
+@contextlib.contextmanager
+def _no_full_collections() -> Iterator[None]:
+    """Python's full (oldest-generation) garbage collections deferred while a signature is
+    prepared: each one walks every object alive, a model's and JAX's included, and the trace, the
+    HLO texts' parse and the rewrite allocate enough to set off several (six, 0.2 s each, on
+    bench/pass_cost.py's 16-layer step, against one in plain jit's compile). The young
+    generations are still collected, so only garbage that outlives them waits, for the first
+    full collection after (once: about 0.25 s there). Nested and concurrent preparations share
+    one deferral: the last to finish restores the thresholds."""
+    global _gc_depth, _gc_saved
+    with _gc_lock:
+        if _gc_depth == 0:
+            _gc_saved = gc.get_threshold()
+            gc.set_threshold(*_gc_saved[:2], 2**30)
+        _gc_depth += 1
+    try:
+        yield
+    finally:
+        with _gc_lock:
+            _gc_depth -= 1
+            if _gc_depth == 0:
+                gc.set_threshold(*_gc_saved)
 
 
 def _check_tune(tune: Any, budget: Any, mode: str) -> tuple[str | None, float]:

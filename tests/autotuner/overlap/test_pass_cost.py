@@ -160,3 +160,43 @@ def test_a_restarted_job_reads_its_analysis_from_the_persistent_cache(
 
         jax.config.update("jax_compilation_cache_dir", None)
         compilation_cache.reset_cache()   # JAX remembers the cache per process: back to none
+
+
+def test_a_ring_that_recurs_is_built_once_and_full_collections_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two layers with the same problem: the ring is built (and traced) once and called at both
+    dots (the rounds share it too); while the pass prepares, Python's full garbage collections
+    wait (each walks every live object), and the thresholds are restored after."""
+    import gc
+
+    import autotuner.strategies as strategies
+
+    if jax.device_count() < 4:
+        pytest.skip("needs 4 devices")
+    mesh = jax.make_mesh((4,), ("model",), devices=jax.devices()[:4], axis_types=(AxisType.Auto,))
+    rng = np.random.default_rng(0)
+    xs = [jax.device_put(jnp.asarray(rng.normal(size=(2, 64, 32)), jnp.float32),
+                         NamedSharding(mesh, P(None, "model", None))) for _ in range(2)]
+    ws = [jax.device_put(jnp.asarray(rng.normal(size=(32, 128)), jnp.float32),
+                         NamedSharding(mesh, P(None, "model"))) for _ in range(2)]
+    out = NamedSharding(mesh, P(None, None, "model"))
+
+    def f(x1: jax.Array, x2: jax.Array, w1: jax.Array, w2: jax.Array) -> jax.Array:
+        a = jax.lax.with_sharding_constraint(jnp.einsum("bsd,df->bsf", x1, w1), out)
+        return a + jax.lax.with_sharding_constraint(jnp.einsum("bsd,df->bsf", x2, w2), out)
+
+    built, during = [], []
+    real = strategies.build
+    monkeypatch.setattr(strategies, "build", lambda *a, **k: built.append(a[:2]) or real(*a, **k))
+    thresholds = gc.get_threshold()
+
+    def choose(p: Any) -> Any:   # called while the pass prepares
+        during.append(gc.get_threshold())
+        return space(p)[1]
+
+    ov = overlap(f, strategy=choose, memory=None)   # (two rings on a toy program grow its temp)
+    plan = ov.plan(*xs, *ws)
+    assert [r.applied for r in plan] == [True, True], str(plan)
+    assert len({r.key for r in plan}) == 1 and len(built) == 1, built
+    assert during and all(t[:2] == thresholds[:2] and t[2] >= 2**30 for t in during), during  # young ones only
+    assert gc.get_threshold() == thresholds
+    np.testing.assert_allclose(np.asarray(ov(*xs, *ws)), np.asarray(jax.jit(f)(*xs, *ws)), rtol=1e-5, atol=1e-5)
