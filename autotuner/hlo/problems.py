@@ -3,6 +3,7 @@ propagated module gives global shapes and specs, the collective's groups give th
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import re
@@ -101,15 +102,27 @@ def _spec_of(mod: HloModule, name: str, mesh: MeshInfo) -> tuple[Entry, ...] | s
     sh = ins.attrs.get("sharding")
     if sh is None:
         return tuple(() for _ in ins.shape)  # unannotated: replicated
-    t = parse_sharding(sh, len(ins.shape), mod.num_partitions)
-    if t is None:
+    spec = _sharding_spec(sh, len(ins.shape), mod.num_partitions, mesh)
+    if spec == "unreadable":
         return f"cannot read sharding {sh!r} of {name}"
-    if t.manual:
+    if spec == "manual":
         return f"{name} is manually partitioned (inside shard_map)"
-    spec = tiling_spec(t, mesh)
-    if spec is None:
+    if spec == "partial":
         return f"sharding {sh!r} of {name} is not a layout over whole mesh axes"
     return spec
+
+
+@functools.lru_cache(maxsize=4096)
+def _sharding_spec(sh: str, rank: int, parts: int, mesh: MeshInfo) -> tuple[Entry, ...] | str:
+    """A sharding attribute's entries over the mesh axes, or why not ('unreadable', 'manual',
+    'partial'); once per distinct attribute: a model's layers repeat a few."""
+    t = parse_sharding(sh, rank, parts)
+    if t is None:
+        return "unreadable"
+    if t.manual:
+        return "manual"
+    spec = tiling_spec(t, mesh)
+    return "partial" if spec is None else spec
 
 
 def _problem_for(pair: Pair, post: HloModule, pre: HloModule, cand: Instr, mesh: MeshInfo) -> Problem | str:
