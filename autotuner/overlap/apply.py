@@ -4,7 +4,8 @@
 source tracebacks and equation contexts) while tracing, with two differences:
 
 - the `dot_general` equations named in `actions` ({tag: Action}) are replaced by
-  `build(problem, strategy, mesh)` applied to their operands. The k dots of a grouped gather
+  `build(problem, strategy, mesh)` applied to their operands (built once per problem and strategy
+  and bound as a `jax.jit` call wherever the problem recurs: `_ring`). The k dots of a grouped gather
   (one `GroupedProblem`, all in one jaxpr) are computed together at the first of them the
   evaluation reaches, from the shared operand and every member's weight (each must be computed
   by then; otherwise the group stays plain), and each member's result is bound at its own dot.
@@ -21,18 +22,12 @@ source tracebacks and equation contexts) while tracing, with two differences:
   finds in the partitioned HLO names its equation exactly, even when several equations share
   source line and name stack (layers of a Python loop, forward and recomputed forward).
 
-A ring is built once per (problem, strategy) for all the rounds of a signature and bound as a
-`jax.jit` call wherever its problem recurs (the layers of a model repeat a handful of problems):
-traced once, lowered once by jax, inlined by XLA, so the compiled program is the one the inline
-ring gives, at a fraction of the tracing.
-
 Sub-jaxprs (jit, scan, while, cond, checkpoint/remat, custom_jvp/custom_vjp calls) that contain
-a dot are rebuilt by tracing this interpreter over them with their own input types, and the
-equation is bound again with the rebuilt jaxpr; `shard_map` bodies are left alone (already manual).
-An equation that cannot be rebuilt is bound unchanged: its dots stay plain and `failed` says why.
+a dot are rebuilt by this interpreter (`overlap.subjaxprs`); `shard_map` bodies are left alone
+(already manual). An equation that cannot be rebuilt is bound unchanged: its dots stay plain and
+`failed` says why.
 
-Uses JAX internals (`jax._src.source_info_util`, `partial_eval.trace_to_jaxpr_dynamic`); checked
-with jax 0.10.2.
+Uses JAX internals (`jax._src.source_info_util`); checked with jax 0.10.2.
 """
 
 from __future__ import annotations
@@ -45,17 +40,15 @@ from typing import Any
 import jax
 from jax._src import source_info_util as siu
 from jax.extend import core as jcore
-from jax.extend import linear_util as lu
-from jax.interpreters import partial_eval as pe
 from jax.sharding import AxisType, NamedSharding
 
+from autotuner.overlap.subjaxprs import SKIP_PRIMS, params_have_dot, rebuild
 from autotuner.problem import Entry, GroupedProblem, Problem
 from autotuner.strategy import Strategy
 
 log = logging.getLogger("autotuner.overlap")
 
 LAYOUT_PRIMS = frozenset({"reshard", "sharding_constraint"})  # identity on values
-SKIP_PRIMS = frozenset({"shard_map"})                         # manually partitioned: not ours
 TAG_PREFIX = "__overlap"
 Spec = tuple[Entry, ...]
 
@@ -207,9 +200,9 @@ class Interpreter:
                     if done:
                         continue
                 name_stack = name_stack.extend(f"{TAG_PREFIX}{tag}__")
-            elif eqn.primitive.name not in SKIP_PRIMS and self._params_have_dot(params):
+            elif eqn.primitive.name not in SKIP_PRIMS and params_have_dot(params, self._has_dot):
                 try:
-                    params = self._rebuild(eqn, p)
+                    params = rebuild(eqn, p, self.eval, self._has_dot)
                 except Exception as e:  # noqa: BLE001 - bind it unchanged; its dots stay plain
                     self._fail(p, eqn, e)
                     params = eqn.params
@@ -319,10 +312,8 @@ class Interpreter:
 
     def _ring(self, builder: Callable[..., Any], problem: Problem | GroupedProblem, strategy: Strategy
               ) -> Callable[..., Any]:
-        """`builder(problem, strategy, mesh)` under `jax.jit`, one per (builder, problem, strategy)
-        for all the rounds of a signature: the layers of a model repeat the same problems, so each
-        ring is traced once and bound as a call wherever it recurs (jax also lowers it once); XLA
-        inlines the calls, so the compiled program is the same as with the ring traced inline."""
+        """`builder(problem, strategy, mesh)` jitted, once per signature (layers repeat problems: traced
+        and lowered once, called at each; XLA inlines the calls, so the program is the inline one's)."""
         rings = self.traced.setdefault("rings", {})
         key = (builder.__name__, problem, strategy)
         fn = rings.get(key)
@@ -464,50 +455,3 @@ class Interpreter:
             if spec_of(c.outvars[0].aval) == problem.out_spec:
                 env[c.outvars[0]] = out
                 skip.add(id(c))
-
-    # -- sub-jaxprs --------------------------------------------------------------------------
-    def _jaxpr_has_dot(self, jaxpr: Any) -> bool:
-        hit = self._has_dot.get(id(jaxpr))
-        if hit is None:
-            hit = any(e.primitive.name == "dot_general"
-                      or (e.primitive.name not in SKIP_PRIMS and self._params_have_dot(e.params))
-                      for e in jaxpr.eqns)
-            self._has_dot[id(jaxpr)] = hit
-        return hit
-
-    def _params_have_dot(self, params: dict[str, Any]) -> bool:
-        for v in params.values():
-            for x in (v if isinstance(v, tuple) else (v,)):
-                if isinstance(x, jcore.ClosedJaxpr) and self._jaxpr_has_dot(x.jaxpr):
-                    return True
-                if isinstance(x, jcore.Jaxpr) and self._jaxpr_has_dot(x):
-                    return True
-        return False
-
-    def _rebuild(self, eqn: Any, p: tuple[int, ...]) -> dict[str, Any]:
-        """The equation's params with every sub-jaxpr that holds a dot traced again by this
-        interpreter (at path p + (param index, item index)); raises where it cannot be."""
-        new = dict(eqn.params)
-        for k_i, k in enumerate(sorted(eqn.params)):
-            v = eqn.params[k]
-            items = list(v) if isinstance(v, tuple) else [v]
-            if any(isinstance(x, (jcore.ClosedJaxpr, jcore.Jaxpr)) for x in items):
-                out = [self._sub(x, p + (k_i, j)) for j, x in enumerate(items)]
-                new[k] = tuple(out) if isinstance(v, tuple) else out[0]
-        return new
-
-    def _sub(self, x: Any, p: tuple[int, ...]) -> Any:
-        closed = isinstance(x, jcore.ClosedJaxpr)
-        jaxpr = x.jaxpr if closed else x
-        if not isinstance(jaxpr, jcore.Jaxpr) or not self._jaxpr_has_dot(jaxpr):
-            return x
-        consts, in_avals = (x.consts, x.in_avals) if closed else ((), [v.aval for v in jaxpr.invars])
-        f = lu.wrap_init(lambda *a: self.eval(jaxpr, consts, a, p), debug_info=jaxpr.debug_info)
-        new, out_avals, new_consts = pe.trace_to_jaxpr_dynamic(f, list(in_avals))
-        if [(a.shape, a.dtype) for a in out_avals] != [(v.aval.shape, v.aval.dtype) for v in jaxpr.outvars]:
-            raise TypeError("the rebuilt jaxpr's outputs differ from the original's")
-        if closed:
-            return jcore.ClosedJaxpr(new, new_consts)
-        if new_consts:
-            raise TypeError("the rebuilt body captures constants, which an open jaxpr cannot hold")
-        return new
