@@ -12,7 +12,9 @@ analyses and compiles the program its calls run (the first call compiles nothing
 tests/autotuner/overlap/test_overlap.py counts it), i.e. the time until the overlapped step can run.
 Temp memory: plain from the compiled plain step, overlapped from the plan (`plan.memory`). Medians, [min, max] with more than one repetition.
 A second table says where the time goes, medians per phase: jit's trace + lowering and compile,
-and the pass's own phases as `plan.cost` reports them (`autotuner.overlap.plan.Cost`).
+and the pass's own phases as `plan.cost` reports them (`autotuner.overlap.plan.Cost`). A third
+gives the two programs' sizes (measured after the timings): StableHLO lines and the compiled HLO's
+instructions, fused computations' included.
 `--restart`: each depth runs in two fresh processes sharing a persistent compilation cache
 (JAX_COMPILATION_CACHE_DIR in a temporary folder): the first fills it, the second is timed (jit
 and overlap both warm), which is what a restarted training job pays.
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -73,8 +76,21 @@ def measure(layers: int, reps: int) -> dict[str, object]:
         phases.append(jit_phases | plan.cost.as_dict())
         ov_mb = (plan.memory.overlapped_bytes or 0) / 2**10
         applied, pairs = sum(r.applied for r in plan), len(plan)
+    # the programs' sizes, after the timings: StableHLO lines, compiled HLO instructions
+    rewritten = ov.lower(*args)
+    sizes = {"stablehlo": [_lines(lowered.as_text()), _lines(rewritten.as_text())],
+             "instructions": [_instructions(plain.as_text()), _instructions(rewritten.compile().as_text())]}
     return {"layers": layers, "jit_s": jit_s, "overlap_s": ov_s, "pairs": pairs, "applied": applied,
-            "temp_mb_plain": plain_mb, "temp_mb_overlap": ov_mb, "phases": phases}
+            "temp_mb_plain": plain_mb, "temp_mb_overlap": ov_mb, "phases": phases, "sizes": sizes}
+
+
+def _lines(text: str) -> int:
+    return text.count("\n")
+
+
+def _instructions(hlo: str) -> int:
+    """Instructions of a compiled HLO module, fused computations' included."""
+    return sum(1 for ln in hlo.splitlines() if re.match(r"\s+(ROOT\s+)?%?[\w.\-]+ = ", ln))
 
 
 def _line(r: dict[str, object]) -> str:
@@ -134,6 +150,10 @@ def main() -> None:
     print("\n" + PHASE_HEAD)
     for r in results:
         print(_phase_line(r))
+    print("\nprogram size, plain jit -> overlapped\n| layers | StableHLO lines | compiled HLO instructions |\n|---|---|---|")
+    for r in results:
+        (sp, so), (ip, io) = r["sizes"]["stablehlo"], r["sizes"]["instructions"]  # type: ignore[index]
+        print(f"| {r['layers']} | {sp} -> {so} | {ip} -> {io} ({100 * (io / ip - 1):+.0f}%) |")
 
 
 if __name__ == "__main__":

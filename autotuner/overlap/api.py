@@ -401,11 +401,10 @@ _gc_saved: tuple[int, ...] = ()
 def _no_full_collections() -> Iterator[None]:
     """Python's full (oldest-generation) garbage collections deferred while a signature is
     prepared: each one walks every object alive, a model's and JAX's included, and the trace, the
-    HLO texts' parse and the rewrite allocate enough to set off several (six, 0.2 s each, on
-    bench/pass_cost.py's 16-layer step, against one in plain jit's compile). The young
-    generations are still collected, so only garbage that outlives them waits, for the first
-    full collection after (once: about 0.25 s there). Nested and concurrent preparations share
-    one deferral: the last to finish restores the thresholds."""
+    HLO texts' parse and the rewrite allocate enough to set off several. The young generations
+    are still collected, so only garbage that outlives them waits, for the first full collection
+    after. Nested and concurrent preparations share one deferral: the last to finish restores the
+    thresholds."""
     global _gc_depth, _gc_saved
     with _gc_lock:
         if _gc_depth == 0:
