@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -90,7 +89,9 @@ def _lines(text: str) -> int:
 
 def _instructions(hlo: str) -> int:
     """Instructions of a compiled HLO module, fused computations' included."""
-    return sum(1 for ln in hlo.splitlines() if re.match(r"\s+(ROOT\s+)?%?[\w.\-]+ = ", ln))
+    from autotuner.hlo.text import parse_hlo
+
+    return len(parse_hlo(hlo).order)
 
 
 def _line(r: dict[str, object]) -> str:

@@ -133,7 +133,7 @@ class Interpreter:
     kept: dict[str, int] = field(default_factory=dict)   # tag -> other users given the kept gather
     kept_span: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # tag -> (from, to, of) equations
     served: set[str] = field(default_factory=set)         # equations that got a kept gather
-    traced: dict[str, Any] = field(default_factory=dict)  # the program's jaxpr, shared by the rounds of one signature
+    traced: dict[str, Any] = field(default_factory=dict)  # the program's jaxpr and its rings (`_ring`), shared by the rounds of one signature
 
     # -- the program -------------------------------------------------------------------------
     def run(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
