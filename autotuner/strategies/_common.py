@@ -110,32 +110,48 @@ def block(i: Any, off: Any, n: int) -> Any:
         off %= n
         if off == 0:
             return i
+        if n == 2:                         # the other device: one op, not four
+            return 1 - i
         j = i + off                        # in [0, 2n): one wrap, no remainder (XLA expands a
         return lax.select(j >= n, j - n, j)  # signed one into a handful of ops)
     return lax.rem(lax.rem(i + off, n) + n, n)   # a traced offset (a rolled loop) may be negative
 
 
+class Block:
+    """A constant ring offset's block index (traced) and the element offsets computed from it
+    (`block_start`), each computed once: every member of a grouped ring, and each step's partial
+    einsums and its write into the output, start at the same places."""
+
+    def __init__(self, index: Any):
+        self.index = index
+        self.starts: dict[tuple[int, int], Any] = {}
+
+
 class Blocks:
-    """`block(i, off, n)` for one ring's device index `i`, each constant offset computed once:
-    a step's partial einsums and its write into the output, and the members of a grouped ring,
-    share it. Constant offsets occur outside rolled loops only (inside one the step is traced),
+    """`block(i, off, n)` for one ring's device index `i`, each constant offset computed once
+    (a `Block`). Constant offsets occur outside rolled loops only (inside one the step is traced),
     so nothing computed here outlives its trace."""
 
     def __init__(self, i: Any, n: int):
         self.i, self.n = i, n
-        self._memo: dict[int, Any] = {}
+        self._memo: dict[int, Block] = {}
 
     def __call__(self, off: Any) -> Any:
         if not isinstance(off, int):
             return block(self.i, off, self.n)
         off %= self.n
         if off not in self._memo:
-            self._memo[off] = block(self.i, off, self.n)
+            self._memo[off] = Block(block(self.i, off, self.n))
         return self._memo[off]
 
 
 def block_start(b: Any, size: int, plus: int = 0) -> Any:
-    """Where block `b` (traced) of `size` elements starts, `plus` elements further."""
+    """Where block `b` (traced, or a `Block`) of `size` elements starts, `plus` elements further."""
+    if isinstance(b, Block):
+        key = (size, plus)
+        if key not in b.starts:
+            b.starts[key] = block_start(b.index, size, plus)
+        return b.starts[key]
     start = b * size
     return start + plus if plus else start
 

@@ -8,6 +8,7 @@ import collections
 import jax
 import numpy as np
 import pytest
+from jax.extend.core import Jaxpr
 from jax.sharding import NamedSharding
 
 import autotuner
@@ -90,3 +91,30 @@ def test_a_strategy_a_member_cannot_run_is_refused() -> None:
     ]})
     with pytest.raises(StrategyError, match="direction"):
         autotuner.build(gp, Strategy("ring", "bidi"), make_mesh(gp))
+
+
+def _eqns(jaxpr: Jaxpr):
+    """Every equation of `jaxpr` and of the jaxprs its equations hold (shard_map's body)."""
+    for e in jaxpr.eqns:
+        yield e
+        for v in e.params.values():
+            inner = getattr(v, "jaxpr", v)
+            if isinstance(inner, Jaxpr):
+                yield from _eqns(inner)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_grouped_ring_computes_each_block_start_once(seed: int) -> None:
+    """Every member of a grouped ring, and each step's partial einsums and its write into the
+    output, start at the same element offsets: each is computed once per ring (`Block`), and the
+    other device's block on a ring of two is one subtraction, not a wrap-around select. The
+    rewritten program's compile time grows with its instruction count (README, "Compile time")."""
+    gp = random_group(np.random.default_rng(2000 + seed), n=2, k=3, dtype="float32")
+    s = next(s for s in autotuner.space(gp)
+             if s.method == "ring" and s.fuse == "loop" and s.unroll == "full" and s.chunks == 1)
+    fn = autotuner.build(gp, s, make_mesh(gp))
+    eqns = list(_eqns(jax.make_jaxpr(fn)(*group_inputs(gp, seed=1)).jaxpr))
+    starts = [e for e in eqns if e.primitive.name == "mul" and e.outvars[0].aval.shape == ()
+              and np.issubdtype(e.outvars[0].aval.dtype, np.integer)]
+    assert len(starts) == 2, (gp.pattern.dim_class, [str(e) for e in starts])   # blocks i and 1 - i
+    assert not [e for e in eqns if e.primitive.name == "select_n"]
