@@ -5,6 +5,7 @@ ring (as `overlap(step, strategy=callable)`), and the compiled step's temp memor
 
     .venv/bin/python bench/pass_cost.py --layers 2,8,16 --reps 2
     .venv/bin/python bench/pass_cost.py --layers 2,8 --restart     # a restarted job, JAX's cache on
+    .venv/bin/python bench/pass_cost.py --layers 16 --reps 1 --passes  # and XLA's passes, both compiles
 
 Per depth and repetition, interleaved (caches cleared before each): `jit` is
 `jax.jit(step).lower(*args).compile()`; `overlap` is `overlap(step).plan(*args)`, which traces,
@@ -18,6 +19,8 @@ instructions, fused computations' included.
 `--restart`: each depth runs in two fresh processes sharing a persistent compilation cache
 (JAX_COMPILATION_CACHE_DIR in a temporary folder): the first fills it, the second is timed (jit
 and overlap both warm), which is what a restarted training job pays.
+`--passes`: both programs compiled once more under `jax.profiler`, and the compile's events
+(XLA's passes and pipelines) that grow most from the plain program to the overlapped one.
 """
 
 from __future__ import annotations
@@ -45,7 +48,30 @@ def _temp_kb(compiled: object) -> float:
     return m.temp_size_in_bytes / 2**10
 
 
-def measure(layers: int, reps: int) -> dict[str, object]:
+def _compile_events(lowered: object) -> dict[str, float]:
+    """Seconds per event name of one fresh compile of `lowered` under jax.profiler (XLA's passes
+    and pipelines, summed over their occurrences)."""
+    import collections
+    import glob
+
+    import jax
+
+    opts = jax.profiler.ProfileOptions()
+    opts.python_tracer_level = 0
+    with tempfile.TemporaryDirectory(prefix="pass-cost-profile-") as d:
+        jax.clear_caches()   # and compiler options, so that no cache answers: this compile is timed
+        with jax.profiler.trace(d, profiler_options=opts):
+            lowered.compile(compiler_options={"xla_embed_ir_in_executable": False})  # type: ignore[attr-defined]
+        data = jax.profiler.ProfileData.from_file(glob.glob(f"{d}/**/*.xplane.pb", recursive=True)[0])
+        tot: collections.Counter[str] = collections.Counter()
+        for plane in data.planes:
+            for line in plane.lines:
+                for ev in line.events:
+                    tot[ev.name] += ev.duration_ns / 1e9
+    return dict(tot)
+
+
+def measure(layers: int, reps: int, passes: bool = False) -> dict[str, object]:
     import jax
 
     from autotuner import space
@@ -79,8 +105,10 @@ def measure(layers: int, reps: int) -> dict[str, object]:
     rewritten = ov.lower(*args)
     sizes = {"stablehlo": [_lines(lowered.as_text()), _lines(rewritten.as_text())],
              "instructions": [_instructions(plain.as_text()), _instructions(rewritten.compile().as_text())]}
+    events = [_compile_events(lowered), _compile_events(rewritten)] if passes else []
     return {"layers": layers, "jit_s": jit_s, "overlap_s": ov_s, "pairs": pairs, "applied": applied,
-            "temp_mb_plain": plain_mb, "temp_mb_overlap": ov_mb, "phases": phases, "sizes": sizes}
+            "temp_mb_plain": plain_mb, "temp_mb_overlap": ov_mb, "phases": phases, "sizes": sizes,
+            "events": events}
 
 
 def _lines(text: str) -> int:
@@ -120,11 +148,15 @@ def _phase_line(r: dict[str, object]) -> str:
     return f"| {r['layers']} | " + " | ".join(f"{statistics.median(p[k] for p in got):.2f}" for k in PHASES) + " |"
 
 
+TOP = 10
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--layers", default="2,8,16", help="comma-separated depths")
     ap.add_argument("--reps", type=int, default=2, help="interleaved repetitions per depth")
     ap.add_argument("--restart", action="store_true", help="time a second process on a warm persistent cache")
+    ap.add_argument("--passes", action="store_true", help="also profile both compiles: XLA's passes that grow most")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)   # internal: one depth, JSON out
     a = ap.parse_args()
     _setup()
@@ -136,7 +168,7 @@ def main() -> None:
     results = []
     for n in depths:
         if not a.restart:
-            results.append(measure(n, a.reps))
+            results.append(measure(n, a.reps, a.passes))
             print(_line(results[-1]), flush=True)
             continue
         with tempfile.TemporaryDirectory(prefix="pass-cost-cache-") as cache:
@@ -155,6 +187,14 @@ def main() -> None:
     for r in results:
         (sp, so), (ip, io) = r["sizes"]["stablehlo"], r["sizes"]["instructions"]  # type: ignore[index]
         print(f"| {r['layers']} | {sp} -> {so} | {ip} -> {io} ({100 * (io / ip - 1):+.0f}%) |")
+    for r in results:
+        if r.get("events"):
+            plain_ev, ov_ev = r["events"]  # type: ignore[misc]
+            grown = sorted(set(plain_ev) | set(ov_ev), key=lambda k: plain_ev.get(k, 0) - ov_ev.get(k, 0))[:TOP]
+            print(f"\ncompile events that grow most, {r['layers']} layers (seconds, one profiled compile each)"
+                  "\n| event | plain jit | overlapped |\n|---|---|---|")
+            for k in grown:
+                print(f"| {k[:70]} | {plain_ev.get(k, 0):.2f} | {ov_ev.get(k, 0):.2f} |")
 
 
 if __name__ == "__main__":
