@@ -159,6 +159,9 @@ def main() -> None:
     ap.add_argument("--passes", action="store_true", help="also profile both compiles: XLA's passes that grow most")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)   # internal: one depth, JSON out
     a = ap.parse_args()
+    if a.passes and a.restart:
+        ap.error("--passes profiles a cold compile of each program; a restarted job compiles nothing "
+                 "(JAX's cache answers): use one or the other")
     _setup()
     if a.one is not None:
         print(json.dumps(measure(a.one, a.reps)))
