@@ -144,6 +144,9 @@ def _split_top(text: str) -> list[str]:
 _INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
 _ARRAY_TYPE = re.compile(r"^([a-z][a-z0-9]*)\[([^\]]*)\](?:\{[^}]*\})?")
 _HEADER = re.compile(r"^\s*(?:ENTRY\s+)?%?([\w.\-]+)\s*[({]")
+_OPCODE = re.compile(r"([\w\-]+)\(")
+_OPERAND = re.compile(r"%([\w.\-]+)")
+_NESTED = re.compile(r"[\"'(\[{]")   # an operand list holding these is scanned bracket by bracket
 
 
 def parse_hlo(text: str) -> HloModule:
@@ -201,14 +204,18 @@ def _parse_instr(name: str, rest: str, comp: str) -> Instr:
         else:  # token[] or similar
             tok = rest.split(" ", 1)
             rest = tok[1] if len(tok) > 1 else ""
-    m = re.match(r"([\w\-]+)\(", rest)
+    m = _OPCODE.match(rest)
     if not m:
         raise ValueError("no opcode")
     opcode = m.group(1)
     start = m.end() - 1
-    end = _match(rest, start)
+    close = rest.find(")", start)
+    if close > 0 and not _NESTED.search(rest, start + 1, close):
+        end = close + 1       # the usual operand list, `%a, %b`: nothing nested to skip
+    else:
+        end = _match(rest, start)
     operand_text = rest[start + 1:end - 1]
-    operands = re.findall(r"%([\w.\-]+)", operand_text)
+    operands = _OPERAND.findall(operand_text)
     if not operands and opcode not in ("constant", "parameter", "iota", "partition-id", "replica-id"):
         operands = [t.split()[-1] for t in _split_top(operand_text) if t.split()]
     tail = rest[end:].strip()
