@@ -119,6 +119,8 @@ class Partitioned:
     parts: int
     temp: int | None | Future[int | None]
     compiled: Any
+    kept: str = ""   # with a persistent cache: where these texts are kept (a path without its
+    #                  suffix), beside which what is read from them may be kept too ('' otherwise)
 
     @property
     def temp_bytes(self) -> int | None:
@@ -211,7 +213,8 @@ def partitioned_texts(lowered: Any, *, analysis: bool = False, stops: bool = Fal
             _store(cache, key, *texts)
         if not dump_only:
             return Partitioned(*texts, compiled)
-    return Partitioned(*texts, None if analysis else _compile(lowered, {}))
+    kept = os.path.join(cache, key) if cache else ""
+    return Partitioned(*texts, None if analysis else _compile(lowered, {}), kept)
 
 
 def _early_texts(lowered: Any, opts: Mapping[str, Any]) -> Partitioned:

@@ -235,7 +235,7 @@ class Overlapped:
         from autotuner.hlo.compile import lower, partitioned_texts, stops_here, temp_bytes
         from autotuner.overlap.apply import Action, Interpreter
         from autotuner.overlap.choose import choose
-        from autotuner.overlap.find import find_sites
+        from autotuner.overlap.find import find_sites_kept
         from autotuner.overlap.memory import gathered_bytes, mib, over
         from autotuner.overlap.memory import shed as memory_shed
         from autotuner.overlap.plan import Cost
@@ -285,7 +285,7 @@ class Overlapped:
                 if n == 0:
                     analysed = part
                 with cost.timing("reading"):
-                    found = find_sites(part.pre, part.post, part.parts, interp, mesh, seen)
+                    found = find_sites_kept(part, interp, mesh, seen)
             except Exception as e:  # noqa: BLE001 - never worse than plain jit
                 if not actions:
                     note = f"the program could not be analysed, so it runs as plain jit: {e}"

@@ -9,7 +9,13 @@ Problem (`mismatch`). The dots one all-gather feeds become members of one Groupe
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import importlib
+import importlib.metadata
+import json
 import logging
+import os
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -22,7 +28,7 @@ from autotuner.hlo.shardings import MeshInfo
 from autotuner.hlo.text import PASS_THROUGH, ExtractError, HloModule, parse_hlo
 from autotuner.overlap.apply import TAG_PREFIX, DotInfo, Interpreter
 from autotuner.overlap.plan import PlanRow
-from autotuner.problem import GroupedProblem, Problem
+from autotuner.problem import GroupedProblem, Problem, problem_from_dict
 from autotuner.strategy import Strategy
 
 log = logging.getLogger("autotuner.overlap")
@@ -207,3 +213,95 @@ def _grouped(sites: list[Site | None], rows: list[PlanRow], pairs: list[tuple[Pa
             rows[i] = replace(rows[i], problem=unit, member=j,
                               note=f"dot {j + 1} of the {unit.k} its all-gather feeds (one grouped problem)")
     return sites, rows
+
+
+# -- kept beside the partitioned texts ----------------------------------------------------------------
+
+FOUND_FORMAT = 1
+_FINDER = ("autotuner.overlap.find", "autotuner.hlo.text", "autotuner.hlo.pairs", "autotuner.hlo.problems",
+           "autotuner.hlo.grouped", "autotuner.hlo.evaluate", "autotuner.hlo.shardings", "autotuner.hlo.names")
+
+
+@functools.cache
+def _finder_digest() -> str:
+    """A digest of the code that reads pairs from HLO: a kept result is only reused by the code
+    that made it (a changed finder reads the texts again)."""
+    try:
+        version = importlib.metadata.version("overlap-autotuner")
+    except importlib.metadata.PackageNotFoundError:   # run from a checkout, not installed
+        version = ""
+    h = hashlib.sha256(f"{FOUND_FORMAT} {version}".encode())
+    for name in _FINDER:
+        try:
+            with open(importlib.import_module(name).__file__ or "", "rb") as fh:
+                h.update(fh.read())
+        except OSError:   # no source beside the module (a frozen install): the version stands for it
+            h.update(name.encode())
+    return h.hexdigest()[:16]
+
+
+def find_sites_kept(part: Any, tagger: Interpreter, mesh: Any, seen: set[str]) -> Found:
+    """`find_sites` of a `hlo.compile.Partitioned`; where its texts are kept (JAX's persistent cache
+    configured: `Partitioned.kept`), so is the result, so that a restarted job reads no HLO for
+    it. Keyed by the texts, the pairs seen in earlier rounds, whether the program is already
+    rewritten, the mesh and the finder's code; a kept result whose tags the traced program lacks
+    is read again."""
+    if not part.kept:
+        return find_sites(part.pre, part.post, part.parts, tagger, mesh, seen)
+    h = hashlib.sha256(json.dumps([sorted(seen), bool(tagger.actions), list(mesh.axis_names),
+                                   [int(s) for s in mesh.axis_sizes], _finder_digest()]).encode())
+    path = f"{part.kept}.found-{h.hexdigest()[:16]}.json"
+    got = _load_found(path, tagger)
+    if got is not None:
+        found, added = got
+        seen.update(added)
+        return found
+    before = set(seen)
+    found = find_sites(part.pre, part.post, part.parts, tagger, mesh, seen)
+    _store_found(path, found, sorted(seen - before))
+    return found
+
+
+def _store_found(path: str, found: Found, added: list[str]) -> None:
+    if any(not r.strategy.is_baseline or r.speedup is not None or r.served_by or r.kept_bytes for r in found.rows):
+        return   # only what find_sites itself makes is kept
+    unit = lambda p: None if p is None else p.to_dict()  # noqa: E731
+    doc = {"added": added, "notes": found.notes,
+           "sites": [None if s is None else {"tag": s.tag, "problem": s.problem.to_dict(), "other_users": s.other_users,
+                                             "collective": s.collective, "group": unit(s.group), "tags": list(s.tags)}
+                     for s in found.sites],
+           "rows": [{"name": r.name, "where": r.where, "form": r.form, "problem": unit(r.problem), "source": r.source,
+                     "count": r.count, "note": r.note, "member": r.member} for r in found.rows]}
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        with open(tmp, "w") as fh:
+            json.dump(doc, fh)
+        os.replace(tmp, path)
+    except OSError as e:   # a cache that cannot be written is no reason to fail
+        log.warning("could not keep the pairs found in %s: %s", path, e)
+
+
+def _load_found(path: str, tagger: Interpreter) -> tuple[Found, list[str]] | None:
+    """The kept result (and the pair names it adds to `seen`), its dots relinked to this trace's
+    equations by tag; None where there is none, it does not parse, or a tag is not traced."""
+    try:
+        with open(path) as fh:
+            doc = json.load(fh)
+        unit = lambda d: None if d is None else problem_from_dict(d)  # noqa: E731
+        infos = tagger.infos
+        sites: list[Site | None] = []
+        for d in doc["sites"]:
+            if d is None:
+                sites.append(None)
+                continue
+            tags = tuple(d["tags"])
+            sites.append(Site(d["tag"], Problem.from_dict(d["problem"]), infos[d["tag"]], int(d["other_users"]),
+                              str(d["collective"]), unit(d["group"]), tags, tuple(infos[t] for t in tags)))
+        rows = [PlanRow(str(d["name"]), str(d["where"]), str(d["form"]), unit(d["problem"]), Strategy.baseline(),
+                        str(d["source"]), None, int(d["count"]), str(d["note"]), d["member"]) for d in doc["rows"]]
+        return Found(sites, rows, [str(n) for n in doc["notes"]]), [str(a) for a in doc["added"]]
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:   # unreadable: read the texts
+        log.debug("overlap: the kept pairs in %s are not usable (%s: %s)", path, type(e).__name__, e)
+        return None

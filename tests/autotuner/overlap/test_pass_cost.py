@@ -142,19 +142,36 @@ def test_nothing_to_rewrite_is_plain_jit(compiles: list[dict[str, Any]]) -> None
 
 
 def test_a_restarted_job_reads_its_analysis_from_the_persistent_cache(
-        tmp_path: Any, compiles: list[dict[str, Any]]) -> None:
+        tmp_path: Any, compiles: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A restarted job compiles nothing for its analysis and reads no HLO: the partitioned texts
+    and the pairs found in them are kept beside JAX's persistent cache (a kept result that does
+    not parse is read again from the texts)."""
+    import autotuner.overlap.find as find
+
+    parsed: list[int] = []
+    real = find.parse_hlo
+    monkeypatch.setattr(find, "parse_hlo", lambda text: parsed.append(1) or real(text))
     f, args = _program("auto")
     jax.config.update("jax_compilation_cache_dir", str(tmp_path))
+    rows = lambda plan: [(r.name, r.key, r.strategy, r.source, r.count, r.note, r.member) for r in plan]  # noqa: E731
     try:
         first = overlap(f, strategy=lambda p: space(p)[1]).plan(*args)
         n_first = len(compiles)
         assert n_first >= 2 and all(_cheap(o) for o in compiles if "xla_dump_to" in o)
-        assert list((tmp_path / "autotuner-partitioned").glob("*.json.gz"))
+        kept = tmp_path / "autotuner-partitioned"
+        assert list(kept.glob("*.json.gz")) and list(kept.glob("*.found-*.json")) and parsed
         jax.clear_caches()            # as a new process: JAX's in-memory caches are gone
+        parsed.clear()
         second = overlap(f, strategy=lambda p: space(p)[1]).plan(*args)
         dumps = [o for o in compiles[n_first:] if "xla_dump_to" in o]
         assert dumps == [], "the restarted job compiled again for its analysis"
-        assert [(r.key, r.strategy) for r in second] == [(r.key, r.strategy) for r in first]
+        assert parsed == [], "the restarted job read the HLO again"
+        assert any(r.applied for r in second) and rows(second) == rows(first)
+        for path in kept.glob("*.found-*.json"):
+            path.write_text("{not json")
+        jax.clear_caches()
+        third = overlap(f, strategy=lambda p: space(p)[1]).plan(*args)
+        assert parsed and rows(third) == rows(first)
     finally:
         from jax._src import compilation_cache
 
