@@ -244,12 +244,15 @@ def find_sites_kept(part: Any, tagger: Interpreter, mesh: Any, seen: set[str]) -
     """`find_sites` of a `hlo.compile.Partitioned`; where its texts are kept (JAX's persistent cache
     configured: `Partitioned.kept`), so is the result, so that a restarted job reads no HLO for
     it. Keyed by the texts, the pairs seen in earlier rounds, whether the program is already
-    rewritten, the mesh and the finder's code; a kept result whose tags the traced program lacks
-    is read again."""
+    rewritten, the mesh, what the trace says of its dots that the rows and notes repeat (their
+    source lines, which the texts do not hold, and why any was not rewritten) and the finder's
+    code; a kept result whose tags the traced program lacks is read again."""
     if not part.kept:
         return find_sites(part.pre, part.post, part.parts, tagger, mesh, seen)
     h = hashlib.sha256(json.dumps([sorted(seen), bool(tagger.actions), list(mesh.axis_names),
-                                   [int(s) for s in mesh.axis_sizes], _finder_digest()]).encode())
+                                   [int(s) for s in mesh.axis_sizes], _finder_digest(),
+                                   sorted((t, i.where) for t, i in tagger.infos.items()),
+                                   sorted(tagger.failed.items())]).encode())
     path = f"{part.kept}.found-{h.hexdigest()[:16]}.json"
     got = _load_found(path, tagger)
     if got is not None:
