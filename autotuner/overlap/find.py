@@ -16,6 +16,7 @@ import importlib.metadata
 import json
 import logging
 import os
+import threading
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -275,7 +276,7 @@ def _store_found(path: str, found: Found, added: list[str]) -> None:
                      for s in found.sites],
            "rows": [{"name": r.name, "where": r.where, "form": r.form, "problem": unit(r.problem), "source": r.source,
                      "count": r.count, "note": r.note, "member": r.member} for r in found.rows]}
-    tmp = f"{path}.{os.getpid()}.tmp"
+    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"   # two writers never share a temp file
     try:
         with open(tmp, "w") as fh:
             json.dump(doc, fh)
