@@ -314,7 +314,7 @@ def _compile(lowered: Any, opts: Mapping[str, Any], *, stops: bool = False) -> A
 def _store(cache: str, key: str, pre: str, post: str, parts: int, temp: int | None) -> None:
     try:
         os.makedirs(cache, exist_ok=True)
-        tmp = os.path.join(cache, f".{key}.{os.getpid()}.tmp")
+        tmp = os.path.join(cache, f".{key}.{os.getpid()}.{threading.get_ident()}.tmp")
         with gzip.open(tmp, "wt") as fh:
             json.dump({"pre": pre, "post": post, "parts": parts, "temp_bytes": temp}, fh)
         os.replace(tmp, os.path.join(cache, key + ".json.gz"))
