@@ -107,7 +107,9 @@ def test_plan_from_the_database_a_tune_wrote(tmp_path):
              "--precision", "0", "--db", "sqlite:///t.db", "--json"], tmp_path)  # fixed repetitions
     assert r.returncode == 0, r.stderr
     tuned = json.loads(r.stdout.splitlines()[0])
-    r = run(["plan", "tiny:program", "--db", "sqlite:///t.db", "--json"], tmp_path)
+    # without the memory bound (test_memory.py has it): on this toy program a winning ring passes
+    # +5% temp memory, and whether a ring wins depends on the timings
+    r = run(["plan", "tiny:program", "--db", "sqlite:///t.db", "--json", "--memory", "none"], tmp_path)
     assert r.returncode == 0, r.stderr
     (row,) = [json.loads(x) for x in r.stdout.splitlines()]
     assert row["key"] == tuned["key"] and row["source"] == "tuned"
