@@ -312,14 +312,22 @@ def _compile(lowered: Any, opts: Mapping[str, Any], *, stops: bool = False) -> A
 
 
 def _store(cache: str, key: str, pre: str, post: str, parts: int, temp: int | None) -> None:
+    keep_json(os.path.join(cache, key + ".json.gz"),
+              {"pre": pre, "post": post, "parts": parts, "temp_bytes": temp}, "the partitioned texts")
+
+
+def keep_json(path: str, doc: Any, what: str) -> None:
+    """`doc` as JSON at `path` (gzipped when it ends in .gz), whole or not at all: written to a
+    temp file of this process and thread, then renamed. A cache that cannot be written is no
+    reason to fail: a warning names `what` was not kept."""
     try:
-        os.makedirs(cache, exist_ok=True)
-        tmp = os.path.join(cache, f".{key}.{os.getpid()}.{threading.get_ident()}.tmp")
-        with gzip.open(tmp, "wt") as fh:
-            json.dump({"pre": pre, "post": post, "parts": parts, "temp_bytes": temp}, fh)
-        os.replace(tmp, os.path.join(cache, key + ".json.gz"))
-    except OSError as e:   # a cache that cannot be written is no reason to fail
-        log.warning("could not keep the partitioned texts in %s: %s", cache, e)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+        with (gzip.open(tmp, "wt") if path.endswith(".gz") else open(tmp, "w")) as fh:
+            json.dump(doc, fh)
+        os.replace(tmp, path)
+    except OSError as e:
+        log.warning("could not keep %s in %s: %s", what, path, e)
 
 
 def _read_dump(d: str) -> tuple[str, str, int, str]:

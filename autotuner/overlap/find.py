@@ -15,11 +15,10 @@ import importlib
 import importlib.metadata
 import json
 import logging
-import os
-import threading
 from dataclasses import dataclass, replace
 from typing import Any
 
+from autotuner.hlo.compile import keep_json
 from autotuner.hlo.evaluate import manual_computations, multiplicity
 from autotuner.hlo.grouped import group_units
 from autotuner.hlo.names import short_name
@@ -276,13 +275,7 @@ def _store_found(path: str, found: Found, added: list[str]) -> None:
                      for s in found.sites],
            "rows": [{"name": r.name, "where": r.where, "form": r.form, "problem": unit(r.problem), "source": r.source,
                      "count": r.count, "note": r.note, "member": r.member} for r in found.rows]}
-    tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"   # two writers never share a temp file
-    try:
-        with open(tmp, "w") as fh:
-            json.dump(doc, fh)
-        os.replace(tmp, path)
-    except OSError as e:   # a cache that cannot be written is no reason to fail
-        log.warning("could not keep the pairs found in %s: %s", path, e)
+    keep_json(path, doc, "the pairs found")
 
 
 def _load_found(path: str, tagger: Interpreter) -> tuple[Found, list[str]] | None:
