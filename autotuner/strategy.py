@@ -15,6 +15,12 @@ einsums (Wang et al., ASPLOS 2023). Its knobs, each a different program:
   outputs and concatenates (or sums) them after the loop.
 - send_first: the step's transfer is issued before its partial einsum (True) or after (False).
 
+`plain` is the einsum as the user's program has it, partitioned by GSPMD with the compiler's
+default options: what plain `jax.jit` compiles to on the target. On TPU that is often XLA's own
+windowed einsum already (on by default above its size threshold), so there it is the reference
+every candidate is measured against (`reference`); elsewhere it is a candidate beside the
+hand-written `baseline`, and a decomposition wins only if it beats both.
+
 `xla_windowed` compiles the plain einsum (GSPMD inserts the collective, as the baseline's plain
 collective + einsum) with XLA's own windowed-einsum ("collective matmul") pass switched on by
 per-compile options (`autotuner.strategies.compiler_options`); `multi_stream` asks XLA:GPU to run
@@ -29,7 +35,7 @@ from typing import Any, Literal
 
 from autotuner.errors import AutotunerError
 
-METHODS = ("baseline", "ring", "xla_windowed")
+METHODS = ("baseline", "plain", "ring", "xla_windowed")
 DIRECTIONS = ("uni", "bidi")
 CHUNKS = (1, 2, 4)
 UNROLLS: tuple[int | str, ...] = (1, 2, "full")
@@ -47,7 +53,7 @@ class StrategyError(AutotunerError, ValueError):
 
 @dataclass(frozen=True)
 class Strategy:
-    method: Literal["baseline", "ring", "xla_windowed"] = "baseline"
+    method: Literal["baseline", "plain", "ring", "xla_windowed"] = "baseline"
     direction: Literal["uni", "bidi"] = "uni"
     chunks: int = 1
     unroll: int | str = "full"
@@ -72,22 +78,32 @@ class Strategy:
             raise StrategyError("multi_stream", f"must be true or false, got {self.multi_stream!r}")
         if self.multi_stream and self.method != "xla_windowed":
             raise StrategyError("multi_stream", "applies to method 'xla_windowed' only")
-        if self.method == "xla_windowed":
+        if self.method in ("xla_windowed", "plain"):
             for name in RING_KNOBS:
                 if getattr(self, name) != _RING_DEFAULTS[name]:
-                    raise StrategyError(name, "applies to method 'ring' only, not 'xla_windowed'")
+                    raise StrategyError(name, f"applies to method 'ring' only, not {self.method!r}")
 
     @classmethod
     def baseline(cls) -> Strategy:
         return cls()
 
+    @classmethod
+    def plain(cls) -> Strategy:
+        return cls("plain")
+
     @property
     def is_baseline(self) -> bool:
         return self.method == "baseline"
 
+    @property
+    def rewrites(self) -> bool:
+        """Whether the compiler pass rewrites a pair for it: a ring does; `baseline` and `plain`
+        leave the user's program as it is, and `xla_windowed` is a compile option."""
+        return self.method == "ring"
+
     def to_dict(self) -> dict[str, Any]:
-        if self.is_baseline:
-            return {"method": "baseline"}
+        if self.method in ("baseline", "plain"):
+            return {"method": self.method}
         if self.method == "xla_windowed":
             return {"method": self.method, "multi_stream": self.multi_stream}
         return {"method": self.method, "direction": self.direction, "chunks": self.chunks,
@@ -105,17 +121,17 @@ class Strategy:
             raise StrategyError("method", "missing field")
         if d["method"] == "baseline":
             return cls()
-        if d["method"] == "xla_windowed":
+        if d["method"] in ("xla_windowed", "plain"):
             ring = sorted(set(d) & set(RING_KNOBS))
             if ring:
-                raise StrategyError(ring[0], "applies to method 'ring' only, not 'xla_windowed'")
+                raise StrategyError(ring[0], f"applies to method 'ring' only, not {d['method']!r}")
         return cls(**d)
 
     @property
     def key(self) -> str:
         """Short stable name, e.g. `baseline`, `ring-bidi-c2-u1-loop-send` or `xla_windowed-ms`."""
-        if self.is_baseline:
-            return "baseline"
+        if self.method in ("baseline", "plain"):
+            return self.method
         if self.method == "xla_windowed":
             return "xla_windowed-ms" if self.multi_stream else "xla_windowed"
         return (f"{self.method}-{self.direction}-c{self.chunks}-u{self.unroll}-{self.fuse}-"
@@ -123,6 +139,13 @@ class Strategy:
 
     def __str__(self) -> str:
         return self.key
+
+
+def reference(platform: str | None) -> Strategy:
+    """The program a candidate must beat on `platform`, the one a session measures first and a
+    winner's speedup is over: on TPU `plain` (what the user's `jax.jit` compiles to, XLA's own
+    windowed einsum included where XLA decides so), elsewhere the hand-written `baseline`."""
+    return Strategy.plain() if platform == "tpu" else Strategy.baseline()
 
 
 _RING_DEFAULTS: dict[str, Any] = {"direction": "uni", "chunks": 1, "unroll": "full", "fuse": "loop",

@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy import and_, bindparam, delete, select
 from sqlalchemy.orm import Session
 
+from autotuner.rule import reference_method
 from db._changes import note_change
 from db._common import check_value, check_values, dialect, insert, utcnow
 from db._convert import measurement_record, winner_record
@@ -23,7 +24,7 @@ from db.records import (
 )
 from db.rule import choose_winner
 
-Rule = Callable[[Sequence[MeasurementRecord]], WinnerChoice | None]
+Rule = Callable[[Sequence[MeasurementRecord], str], WinnerChoice | None]  # (measurements, reference)
 
 _INPUT = fields_of(MeasurementRecord, MEASUREMENT_INPUT_FIELDS)
 _METHOD = fields_of(MeasurementRecord, ("method",))["method"]
@@ -97,7 +98,8 @@ def recompute_winner(
     concurrent recomputations of the same problem run one after the other; on SQLite the
     transaction already holds the database's write lock (``BEGIN IMMEDIATE``). The write is
     an upsert on the (device, problem) unique constraint. Returns the stored winner, or
-    ``None`` (and deletes any stored one) when ``rule`` finds none.
+    ``None`` (and deletes any stored one) when ``rule`` finds none. The rule gets the device's
+    reference method (``baseline``, or ``plain`` on TPU: `autotuner.rule.reference_method`).
     Recompute several problems in one transaction in ascending ``problem_id`` order.
     """
     lock = select(Problem.key).where(Problem.id == problem_id)
@@ -106,12 +108,13 @@ def recompute_winner(
     problem_key = s.execute(lock).scalar_one_or_none()
     if problem_key is None:
         raise NotFoundError(f"problem {problem_id} does not exist")
-    device_key = s.execute(select(Device.key).where(Device.id == device_id)).scalar_one_or_none()
-    if device_key is None:
+    device = s.execute(select(Device.key, Device.platform).where(Device.id == device_id)).one_or_none()
+    if device is None:
         raise NotFoundError(f"device {device_id} does not exist")
+    device_key = device.key
 
     measurements = list_measurements(s, problem_id, device_id)
-    choice = rule(measurements)
+    choice = rule(measurements, reference_method(device.platform))
     pair = and_(Winner.device_id == device_id, Winner.problem_id == problem_id)
     note_change(s, device_key, problem_key)  # the caches of every process learn it (db._changes)
     if choice is None:

@@ -129,7 +129,7 @@ def plan_rows(plan: Any) -> list[dict[str, Any]]:
              "strategy_dict": r.strategy.to_dict(), "problem": r.problem.to_dict() if r.problem else None,
              "applied": r.applied, "source": r.source, "speedup": r.speedup, "saving": r.saving,
              "count": r.count, "member": r.member, "served_by": r.served_by, "kept_bytes": r.kept_bytes,
-             "where": r.where, "note": r.note} for r in plan]
+             "where": r.where, "note": r.note, "xla": r.xla} for r in plan]
 
 
 TOLERANCE_HELP = ("the largest relative error of the overlapped step's outputs against plain jit's "
@@ -204,7 +204,7 @@ class Bench:
         for i, choice in enumerate(choices):
             ov = overlap(self.prog.fn, strategy=_Pick(choice), memory=memory)
             got = {r.key for r in ov.plan(*a, **k) if r.applied}
-            want = {key for key, st in choice.items() if not st.is_baseline}
+            want = {key for key, st in choice.items() if st.rewrites}
             if got != want:
                 label = labels[i] if labels else f"variant {i + 1}"
                 self.variant_notes.append(f"{label}: the pass applied {len(got)} problem(s), not the "

@@ -89,6 +89,8 @@ def handle(request: dict[str, Any], ctx: Any) -> dict[str, Any]:
 class LabRunner:
     """A `measure.Runner` that forwards to a running Lab, restarting it around failures."""
 
+    estimates = False   # it times programs that run
+
     def __init__(self, lab: Lab, *, compile_timeout: float = 300.0, time_timeout: float = 120.0,
                  log: Callable[[str], None] | None = None):
         self.lab, self.compile_timeout, self.time_timeout = lab, compile_timeout, time_timeout

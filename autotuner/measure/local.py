@@ -35,6 +35,8 @@ def _local_value(x: Any) -> float:
 class LocalRunner:
     """Compiles and times in this process over `mesh` (all processes of a lab run one each)."""
 
+    estimates = False   # it times programs that run
+
     def __init__(self, mesh: Any, sync: Sync | None = None, *, warmup: int = 2, seed: int = 0,
                  max_run_s: float = 30.0):
         self.mesh, self.sync = mesh, sync or NoSync()

@@ -46,6 +46,8 @@ class Candidate:
     efficiency: float | None = None
     pruned: bool = False               # timing stopped early by the tuner's pruner
     aa_width: float | None = None      # its session's A/A width (stats.aa_width)
+    schedule: dict[str, Any] | None = None  # an estimate target's reading of the compiled schedule
+    #                                         (autotuner.hlo.schedule.ScheduleEstimate.to_dict)
 
     def fail(self, reason: str) -> None:
         self.status, self.reason = "failed", reason
@@ -57,7 +59,7 @@ class Candidate:
 @dataclass
 class SessionResult:
     problem: dict[str, Any]
-    baseline: Candidate
+    baseline: Candidate                # the reference every ratio is over: the baseline, or plain on TPU
     candidates: list[Candidate]
     comm_s: float | None
     comp_s: float | None
@@ -85,6 +87,8 @@ class SessionResult:
 
 
 class Runner(Protocol):
+    estimates: bool   # True: `time` returns the compiled program's estimated time, nothing runs
+
     def prepare(self, problem: Problem, strategies: Sequence[Strategy], parts: bool = True
                 ) -> list[dict[str, Any]]:
         """Build and compile the baseline (index 0 must be it), the candidates and the parts;
@@ -117,8 +121,10 @@ def run_session(runner: Runner, problem: Problem, strategies: Sequence[Strategy]
                 on_rep: Callable[[int, int], None] | None = None,
                 prune: Callable[[int, Candidate, Candidate, int], bool] | None = None,
                 parts: bool = True, aa: bool = False,
-                precision: Precision | None = None) -> SessionResult:
-    """Measure `strategies` (the baseline is added first if missing) in one interleaved session.
+                precision: Precision | None = None, reference: Strategy | None = None) -> SessionResult:
+    """Measure `strategies` in one interleaved session against `reference` (default the
+    baseline; `autotuner.strategy.reference` of the target's platform), which is put first if it
+    is not (every ratio is over it; `SessionResult.baseline` holds it).
 
     `parts=False` skips timing the collective and the einsum alone (no bound then; a tuner
     needs them once per problem, not once per batch).
@@ -132,9 +138,11 @@ def run_session(runner: Runner, problem: Problem, strategies: Sequence[Strategy]
     that narrow or the time budget ends (`SessionResult.stop` says which).
     """
     t_start = time.perf_counter()
+    ref = reference if reference is not None else Strategy.baseline()
     strategies = list(strategies)
-    if not strategies or not strategies[0].is_baseline:
-        strategies = [Strategy.baseline()] + [s for s in strategies if not s.is_baseline]
+    if not strategies or strategies[0] != ref:
+        strategies = [ref] + [s for s in strategies if s != ref]
+    exact = bool(getattr(runner, "estimates", False))  # an estimate is one number, no interval
     cands = [Candidate(s.to_dict(), s.key) for s in strategies]
     if aa:  # last, so the candidates keep their indices (a tuner's prune maps them to trials)
         strategies.append(strategies[0])
@@ -142,6 +150,7 @@ def run_session(runner: Runner, problem: Problem, strategies: Sequence[Strategy]
     twin = len(cands) - 1 if aa else None
     for c, st in zip(cands, runner.prepare(problem, strategies, parts), strict=True):
         c.compile_s, c.memory, c.error = st.get("compile_s"), st.get("memory"), st.get("rel_error")
+        c.schedule = st.get("schedule")
         if not st["ok"]:
             c.fail(st["reason"] or "failed")
             if log:
@@ -217,6 +226,8 @@ def run_session(runner: Runner, problem: Problem, strategies: Sequence[Strategy]
         if c.status != "ok" or base.status != "ok":
             continue
         c.ratio, lo, hi = ratio_ci(base.samples, c.samples)
+        if exact:
+            lo = hi = c.ratio
         c.ratio_lo = None if math.isnan(lo) else lo
         c.ratio_hi = None if math.isnan(hi) else hi
         if t_bound is not None and base.median_s is not None and c.median_s is not None:

@@ -271,7 +271,7 @@ def decomposed_units(plan: Any) -> list[Unit]:
     `strategy`, `name`, `count`, `member`)."""
     units: dict[str, Unit] = {}
     for r in plan:
-        if r.problem is None or r.strategy.is_baseline:
+        if r.problem is None or not r.strategy.rewrites:
             continue
         k = r.problem.key
         u = units.get(k) or Unit(k, r.name, 0)

@@ -18,9 +18,11 @@ from autotuner.overlap.apply import Action, DotInfo
 from autotuner.overlap.find import Site
 from autotuner.overlap.plan import PlanRow
 from autotuner.problem import GroupedProblem, Problem
+from autotuner.rule import (  # auto: a winner applies only if its interval clears it
+    EXACT_SOURCES,
+    MIN_SPEEDUP_LO,
+)
 from autotuner.strategy import Strategy, StrategyError
-
-MIN_SPEEDUP_LO = 1.0   # auto: a tuned winner applies only if its speedup interval lies above this
 
 
 def _relayout(p: Problem, info: DotInfo) -> str | None:
@@ -75,7 +77,7 @@ def _decide(mode: str, chosen: Any, client: Any, site: Site, evidence: dict[str,
         s, source, speedup = d.strategy, d.source, d.speedup
         ci = d.confidence
         if not s.is_baseline:
-            if source != "tuned":
+            if source not in EXACT_SOURCES:
                 s, note = Strategy.baseline(), f"{d.strategy.key} is a {source} answer, not tuned: baseline"
             elif ci is None or ci[0] <= MIN_SPEEDUP_LO:
                 s, note = Strategy.baseline(), (f"{d.strategy.key}'s speedup interval "
@@ -85,7 +87,7 @@ def _decide(mode: str, chosen: Any, client: Any, site: Site, evidence: dict[str,
         if why is not None:
             s, note = Strategy.baseline(), why
     keep = False
-    if not s.is_baseline:
+    if s.rewrites:
         members = [(site.problem, site.info)] if site.group is None else list(
             zip(site.group.members, site.infos, strict=True))
         why = next((w for q, info in members if (w := _relayout(q, info)) is not None), None)
@@ -128,7 +130,7 @@ def choose(mode: str, chosen: Any, client: Any, sites: list[Site | None], rows: 
             continue
         unit = site.tags or (site.tag,)
         first = owner.get(site.collective) if site.collective else None
-        if (unit not in made and first is not None and first[0] != unit and not made[first[0]][0].is_baseline
+        if (unit not in made and first is not None and first[0] != unit and made[first[0]][0].rewrites
                 and _parent(first[0][0]) == _parent(site.tag)):
             # one all-gather feeding dots of two units (forward dot and weight gradient on a mesh
             # without a data axis): the first unit's ring keeps the gathered value, which serves
@@ -140,10 +142,10 @@ def choose(mode: str, chosen: Any, client: Any, sites: list[Site | None], rows: 
             served_by[unit] = first[1]
         if unit not in made:
             made[unit] = _decide(mode, chosen, client, site, evidence)
-            if site.collective and site.collective not in owner and not made[unit][0].is_baseline:
+            if site.collective and site.collective not in owner and made[unit][0].rewrites:
                 owner[site.collective] = (unit, row.name)
         s, source, speedup, note, keep = made[unit]
-        if not s.is_baseline:
+        if s.rewrites:
             actions[site.tag] = Action(site.unit, s, site.tags, keep=keep, strict=keep and mode == "auto")
         if row.note and note:
             note = f"{row.note}; {note}"

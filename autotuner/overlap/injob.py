@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotuner.problem import GroupedProblem, Problem
-from autotuner.strategy import Strategy
+from autotuner.strategy import Strategy, reference
 
 log = logging.getLogger("autotuner.overlap")
 
@@ -155,7 +155,7 @@ class InJob:
         if remaining <= 0:
             return f"the in-job tuning budget ({self.budget_s:g} s) was spent"
         device = getattr(self.client, "device", None)
-        pick = d.strategy if d.source in ("model", "nearest") and not d.strategy.is_baseline else None
+        pick = d.strategy if d.source in ("model", "nearest") and d.strategy.rewrites else None
         cands = likeliest(unit, pick, device)
         if not cands:
             return "no decomposition applies to this problem"
@@ -188,7 +188,8 @@ class InJob:
         assert plan is not None
         try:
             runner = LocalRunner(self.mesh, JaxSync(f"{_KV_PREFIX}{self.call}/{unit.key}") if multi else None)
-            session = run_session(runner, unit, [Strategy.baseline(), *plan], reps=REPS, parts=False)
+            ref = reference(str(self.mesh.devices.flat[0].platform))
+            session = run_session(runner, unit, [ref, *plan], reps=REPS, parts=False, reference=ref)
         except Exception as e:  # noqa: BLE001 - never worse than the answer it had
             self.spent += time.perf_counter() - t0
             log.warning("overlap: in-job measurement of %s failed (%s: %s)", unit.describe(), type(e).__name__, e)

@@ -28,6 +28,8 @@ class PlanRow:
     member: int | None = None  # the dot's index in its GroupedProblem (None: a single problem)
     served_by: str = ""       # the pair whose ring keeps this dot's gathered operand for it (its collective is gone)
     kept_bytes: int = 0       # bytes per device this pair's ring keeps alive for its gather's other users
+    xla: str = ""             # what plain jit's compiler does with the pair itself: "windowed" (XLA:TPU's
+    #                           windowed einsum, on by default above its size threshold), else ""
 
     @property
     def key(self) -> str | None:
@@ -35,7 +37,7 @@ class PlanRow:
 
     @property
     def applied(self) -> bool:
-        return not self.strategy.is_baseline
+        return self.strategy.rewrites
 
     @property
     def saving(self) -> float | None:

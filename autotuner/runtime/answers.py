@@ -181,22 +181,24 @@ class DiskCache:
 
 
 def session_answer(session: Any, problem_key: str, device_key: str) -> LookupResult | None:
-    """A measured session's winner as a `tuned` answer, by the service's rule (`db.rule`): the
-    candidate with the highest speedup among those whose interval lies above 1.0, else the
-    baseline; None when the baseline did not run."""
-    import math
+    """A measured session's winner as a `tuned` answer, by the one winner rule (`autotuner.rule`):
+    the candidate with the highest speedup among those whose interval clears it, else the
+    reference (the session's first program: baseline, or plain on TPU); None when it did not run."""
     from datetime import UTC
+
+    from autotuner.rule import Evidence, choose
 
     if session.baseline.status != "ok":
         return None
-    ok = [c for c in session.candidates if c.status == "ok" and c.ratio is not None and c.ratio_lo is not None
-          and math.isfinite(c.ratio) and math.isfinite(c.ratio_lo) and c.ratio_lo > 1.0]
-    best = max(ok, key=lambda c: (c.ratio, c.ratio_lo), default=None)
+    ok = [c for c in session.candidates if c.status == "ok"]
+    won = choose([Evidence(Strategy.from_dict(c.strategy).method, c.ratio, c.ratio_lo, c.ratio_hi) for c in ok],
+                 Strategy.from_dict(session.baseline.strategy).method)
     trials = 1 + len(session.candidates)
     now = datetime.now(UTC)
-    if best is None:
-        return LookupResult(Strategy.baseline(), "tuned", 1.0, None, None, now, problem_key, device_key,
-                            origin="in-job", trials=trials)
+    if won is None:
+        return LookupResult(Strategy.from_dict(session.baseline.strategy), "tuned", 1.0, None, None, now,
+                            problem_key, device_key, origin="in-job", trials=trials)
+    best = ok[won]
     ci = (float(best.ratio_lo), float(best.ratio_hi)) if best.ratio_hi is not None else None
     return LookupResult(Strategy.from_dict(best.strategy), "tuned", float(best.ratio), ci, None, now,
                         problem_key, device_key, origin="in-job", trials=trials)

@@ -26,7 +26,7 @@ __all__ = ["build", "build_keeping", "build_parts", "check_valid", "comm_out_spe
 def check_valid(problem: Problem | GroupedProblem, s: Strategy) -> None:
     """Raise StrategyError if `s` cannot run `problem` (what `space` leaves out). A grouped
     problem's ring runs every member's ring pieces on one shared ring: `s` must suit each member."""
-    if s.is_baseline:
+    if s.method in ("baseline", "plain"):
         return
     if isinstance(problem, GroupedProblem):
         for m in problem.members:
@@ -60,8 +60,8 @@ def build(problem: Problem | GroupedProblem, strategy: Strategy, mesh: Mesh
     """A jittable function of the two global arrays returning the einsum sharded as `out_spec`.
 
     For a GroupedProblem: a function of `(x, w_1, ..., w_k)` returning the k results (see
-    `autotuner.strategies.grouped`). For `xla_windowed` this is the plain GSPMD einsum: compile it
-    with `compiler_options(strategy, platform)` to get XLA's windowed einsum."""
+    `autotuner.strategies.grouped`). For `plain` and `xla_windowed` this is the plain GSPMD einsum
+    (compiled with `compiler_options(strategy, platform)`, XLA's windowed einsum for the latter)."""
     if isinstance(strategy, dict):
         strategy = Strategy.from_dict(strategy)
     if isinstance(problem, GroupedProblem):
@@ -69,7 +69,7 @@ def build(problem: Problem | GroupedProblem, strategy: Strategy, mesh: Mesh
         check_valid(problem, strategy)
         if strategy.is_baseline:
             return grouped.wrap(problem, mesh, grouped.local_baseline(problem))
-        if strategy.method == "xla_windowed":
+        if strategy.method in ("plain", "xla_windowed"):
             return grouped.plain_einsums(problem, mesh)
         return grouped.wrap(problem, mesh, grouped.local_ring(problem, strategy))
     if not isinstance(problem, Problem):
@@ -78,8 +78,8 @@ def build(problem: Problem | GroupedProblem, strategy: Strategy, mesh: Mesh
     check_valid(problem, strategy)
     if strategy.is_baseline:
         return wrap(problem, mesh, local_baseline(problem))
-    if strategy.method == "xla_windowed":
-        # the plain program; its compile options come from compiler_options(strategy, platform)
+    if strategy.method in ("plain", "xla_windowed"):
+        # the plain program; xla_windowed's compile options come from compiler_options(strategy, platform)
         return plain_einsum(problem, mesh)
     impl = allgather if problem.pattern.kind == "all_gather" else reducescatter
     # the ring runs on the matmul the einsum is (size-1 letters dropped, letters that travel

@@ -10,7 +10,9 @@ from autotuner.strategy import CHUNKS, DIRECTIONS, FUSES, UNROLLS, Strategy, Str
 
 
 def space(problem: Problem | GroupedProblem, device: Device | None = None) -> list[Strategy]:
-    """Every valid Strategy for `problem`, baseline first, in a stable order.
+    """Every valid Strategy for `problem`, baseline first, the rings, then the compiler's own
+    programs: `plain` (what plain jax.jit compiles the einsum to, on every platform) and
+    `xla_windowed`; in a stable order.
 
     The ring decompositions are valid on every platform. `xla_windowed` (XLA's own windowed
     einsum, see `autotuner.strategies.xla`) is offered only when `device` names a platform whose
@@ -33,6 +35,7 @@ def space(problem: Problem | GroupedProblem, device: Device | None = None) -> li
         except StrategyError:
             continue
         out.append(s)
+    out.append(Strategy.plain())
     platform = device.platform if device is not None else None
     if platform in PLATFORMS:
         out.append(Strategy("xla_windowed"))

@@ -17,13 +17,13 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from autotuner.device import Device
 from autotuner.measure import Candidate, Precision, run_session
 from autotuner.problem import Problem
-from autotuner.strategy import Strategy
+from autotuner.strategy import Strategy, reference
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +39,7 @@ class TuneResult:
     studied: int           # distinct strategies measured in the study so far (all workers)
     aa_width: float | None = None  # the A/A width of the session that measured the winner
     aa_ci: tuple[float | None, float | None] | None = None  # that session's A/A ratio CI
+    candidates: list[Candidate] = field(default_factory=list)  # every one this call measured, the reference first
 
 
 def study_name(device: Device, problem: Problem) -> str:
@@ -225,9 +226,13 @@ def tune_problem(ts: Any, database: Any, problem: Problem, *, trials: int = 24, 
     lease_s = get_settings().trial_lease_seconds  # a RUNNING trial untouched this long: dead worker
     url = db_url or str(database.url)
     device = ts.device
-    # The study's knobs describe ring strategies; other methods (xla_windowed on GPU) are not in
-    # its parameter space yet, so the search leaves them to --exhaustive for now.
-    cands = [s for s in space(problem, device) if s.method == "ring"]
+    # The study's knobs describe ring strategies; the other methods (plain, the baseline where
+    # plain is the reference, xla_windowed on GPU/TPU) are few and not knobs: they are measured
+    # beside the first batch of every call, so every table has them side by side with the rings.
+    every = space(problem, device)
+    ref = reference(device.platform)
+    extras = [s for s in every if s.method != "ring" and s != ref]
+    cands = [s for s in every if s.method == "ring"]
     valid = {s.key for s in cands}
     study = open_study(database, url, device, problem, seed=seed)
     _reclaim_stale(study, time.time(), _stored_results(database, device, problem))
@@ -249,12 +254,12 @@ def tune_problem(ts: Any, database: Any, problem: Problem, *, trials: int = 24, 
     bound_s = None
     aa_by_key: dict[str, tuple[float | None, tuple[float | None, float | None] | None]] = {}
     task = progress.add_task(f"{name}: tuning", total=budget) if progress is not None else None
-    baseline = Strategy.baseline()
+    seen: list[Candidate] = []
     while True:
         if seconds is not None and time.monotonic() - t0 >= seconds:
             break
         done = _measured_keys(study)
-        if len(done) >= budget:
+        if len(done) >= budget and not extras:
             break
         picked: list[tuple[Any, Strategy]] = []
         asks = 0
@@ -282,7 +287,7 @@ def tune_problem(ts: Any, database: Any, problem: Problem, *, trials: int = 24, 
                 picked.append((t, s_))
             else:
                 misses += 1
-        if not picked:
+        if not picked and not extras:
             if asks >= 20 * batch:
                 log.info("%s: the sampler keeps proposing measured strategies; stopping", name)
             break
@@ -290,22 +295,24 @@ def tune_problem(ts: Any, database: Any, problem: Problem, *, trials: int = 24, 
 
         def prune(i: int, c: Candidate, base: Candidate, r: int, by_index: dict = by_index,
                   lease_s: float = lease_s) -> bool:
-            t = by_index[i]
-            if not c.samples or not base.samples:
+            t = by_index.get(i)  # None: one of the extras, not a trial of the study
+            if t is None or not c.samples or not base.samples:
                 return False
             ratio = float(sorted(base.samples)[len(base.samples) // 2] / sorted(c.samples)[len(c.samples) // 2])
             t.report(ratio, r)
             t.set_user_attr("lease_until", time.time() + lease_s)
             return bool(t.should_prune()) and ratio < 1.0
 
-        session = run_session(ts.runner(problem), problem, [baseline] + [s for _, s in picked], reps=reps,
-                              prune=prune, parts=bound_s is None, aa=aa, precision=precision)
+        session = run_session(ts.runner(problem), problem, [ref] + [s for _, s in picked] + extras, reps=reps,
+                              prune=prune, parts=bound_s is None, aa=aa, precision=precision, reference=ref)
+        extras = []
+        seen.extend(([] if seen else [session.baseline]) + session.candidates)
         twin = session.aa
         aa_of = (session.aa_width, (twin.ratio_lo, twin.ratio_hi) if twin is not None else None)
         aa_by_key.update({c.key: aa_of for c in [session.baseline, *session.candidates]})
         bound_s = session.bound_s if session.bound_s is not None else bound_s
         store.save(database, device, problem, store.session_items(session, run_id), name=name or None)
-        for (t, _s), c in zip(picked, session.candidates, strict=True):
+        for (t, _s), c in zip(picked, session.candidates[: len(picked)], strict=True):
             measured += 1
             if c.status != "ok" or c.ratio is None or math.isnan(c.ratio):
                 failed += c.status != "ok"
@@ -322,4 +329,4 @@ def tune_problem(ts: Any, database: Any, problem: Problem, *, trials: int = 24, 
     with database.session(read_only=True) as s:
         winner = repo.get_winner(s, device.key, problem.key)
     aa_w, aa_ci = aa_by_key.get(winner.strategy_key, (None, None)) if winner is not None else (None, None)
-    return TuneResult(winner, measured, failed, bound_s, len(_measured_keys(study)), aa_w, aa_ci)
+    return TuneResult(winner, measured, failed, bound_s, len(_measured_keys(study)), aa_w, aa_ci, seen)

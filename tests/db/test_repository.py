@@ -387,7 +387,7 @@ class TestRepositoryContract:
                 repo.recompute_winner(s, 10_000, p.id)
 
     def test_recompute_accepts_another_rule(self, database: Database) -> None:
-        def fastest(ms: Any) -> WinnerChoice:
+        def fastest(ms: Any, reference: str) -> WinnerChoice:
             best = min((m for m in ms if m.status == "ok"), key=lambda m: m.median_s)
             return WinnerChoice(
                 strategy=best.strategy,

@@ -93,8 +93,8 @@ def assert_close(got: Any, want: Any, dtype: str) -> float:
 
 
 class Walk:
-    """A forcing callable: each call takes the next strategy of the problem's `space` (baseline
-    left out) in a fixed shuffled order, across every program it is used in. Problems with the same
+    """A forcing callable: each call takes the next ring of the problem's `space` (the baseline
+    and plain, which rewrite nothing, left out) in a fixed shuffled order, across every program it is used in. Problems with the same
     pattern and the same space (QKV and MLP up; attention out and MLP down) share one walk."""
 
     def __init__(self, seed: int = 0) -> None:
@@ -103,7 +103,7 @@ class Walk:
         self.calls: collections.Counter[Any] = collections.Counter()
 
     def __call__(self, p: Problem) -> Strategy:
-        ring = space(p)[1:]
+        ring = [s for s in space(p) if s.rewrites]
         key = (p.pattern.label, tuple(s.key for s in ring))
         if key not in self.order:
             self.order[key] = [ring[i] for i in self.rng.permutation(len(ring))]
@@ -117,7 +117,7 @@ class Walk:
 
 def quick(p: Problem) -> Strategy:
     """A rolled ring where one applies (quick to compile), else the first ring of the space."""
-    ring = space(p)[1:]
+    ring = [s for s in space(p) if s.rewrites]
     return next((s for s in ring if s.unroll == 1 and s.chunks == 1), ring[0])
 
 

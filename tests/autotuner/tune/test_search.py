@@ -51,8 +51,9 @@ def test_budget_dedupe_resume_and_winner_rule(tmp_path):
         assert r1.trials == 5 and r1.studied == 5
         r2 = tune_problem(ts, database, p, trials=9, reps=3, seed=1, aa=False)   # resumes the same study
         assert r2.trials == 4 and r2.studied == 9
-    keys = [k for k in measured_keys(url) if k != "baseline"]
+    keys = [k for k in measured_keys(url) if k.startswith("ring")]
     assert len(keys) == 9 and len(set(keys)) == 9
+    assert measured_keys(url).count("plain") == 2   # measured beside each call's first batch
     assert set(keys) <= {s.key for s in space(p)}
     with database.session(read_only=True) as s:
         w = repo.get_winner(s, ts.device.key, p.key)
@@ -82,7 +83,7 @@ def test_a_calibrated_device_measures_the_cost_models_picks_first(tmp_path):
         ring = [s for s in space(p, ts.device) if s.method == "ring"]
         top = [s.key for s in costmodel.ranker(params, p)(ring)][:2]
         tune_problem(ts, database, p, trials=6, reps=3, seed=3, aa=False)  # the order, not the A/A
-        first = [k for k in measured_keys(url) if k != "baseline"][:2]
+        first = [k for k in measured_keys(url) if k.startswith("ring")][:2]
         assert first == top
         # without the model (or without a calibration) the search does not start there
         other = dataclasses.replace(ts.device, topology="uncalibrated")
@@ -119,7 +120,7 @@ def test_sigkilled_worker_resumes_without_losing_measurements(tmp_path):
                 before = measured_keys(db)
             except Exception:  # noqa: BLE001 - schema not created yet
                 continue
-            if len([k for k in before if k != "baseline"]) >= 4:
+            if len([k for k in before if k.startswith("ring")]) >= 4:
                 break
     alive = proc.poll() is None
     proc.send_signal(signal.SIGKILL)
@@ -139,9 +140,9 @@ def test_sigkilled_worker_resumes_without_losing_measurements(tmp_path):
         after_ids = {i for (i,) in c.execute("select id from measurements")}
         winners = list(c.execute("select count(*) from winners"))
     assert before_ids <= after_ids                                  # nothing finished was lost
-    cands = [k for k in after if k != "baseline"]
+    cands = [k for k in after if k.startswith("ring")]
     assert len(cands) == 14 and len(set(cands)) == 14                # resumed to the budget, no repeats
-    assert [k for k in before if k != "baseline"] == cands[: len([k for k in before if k != "baseline"])]
+    assert [k for k in before if k.startswith("ring")] == cands[: len([k for k in before if k.startswith("ring")])]
     assert winners == [(1,)]
 
 
@@ -160,7 +161,7 @@ def test_four_workers_share_one_postgres_study(tmp_path, pg_url):
         text = err.decode()
         assert p.returncode == 0, text
         assert "deadlock" not in text.lower() and "could not obtain lock" not in text.lower()
-    cands = [k for k in measured_keys(pg_url) if k != "baseline"]
+    cands = [k for k in measured_keys(pg_url) if k.startswith("ring")]
     assert len(cands) == 12 and len(set(cands)) == 12               # no trial measured twice
     from sqlalchemy import func, select
 
