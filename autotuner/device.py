@@ -9,6 +9,14 @@ from typing import Any
 
 from autotuner.errors import AutotunerError
 
+ESTIMATE_PREFIX = "aot:"  # the topology of a compile-only target: XLA's estimates, never measurements
+ESTIMATED_LABEL = "estimated (XLA:TPU compile, no TPU)"  # what every figure of such a device says it is
+
+
+def estimated_topology(topology: object) -> bool:
+    """Whether a device of this topology label is a compile-only target (`Device.estimated`)."""
+    return str(topology).startswith(ESTIMATE_PREFIX)
+
 
 class DeviceError(AutotunerError, ValueError):
     def __init__(self, field: str, message: str):
@@ -22,7 +30,7 @@ class Device:
     device_kind: str         # e.g. "cpu", "NVIDIA H100 80GB HBM3", "TPU v4"
     num_devices: int
     num_processes: int
-    topology: str            # e.g. "inproc", "lab-ring-2gbit", "local"
+    topology: str            # e.g. "inproc", "lab-ring-2gbit", "local", "aot:tpu:v5e:2x4" (estimates)
     jax_version: str
     jaxlib_version: str
 
@@ -54,6 +62,12 @@ class Device:
     def key(self) -> str:
         text = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+    @property
+    def estimated(self) -> bool:
+        """A compile-only target (`aot:tpu:...`): what is stored for it are XLA's estimates, never
+        measurements."""
+        return estimated_topology(self.topology)
 
     @property
     def label(self) -> str:

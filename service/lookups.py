@@ -38,6 +38,7 @@ from typing import Any
 from starlette.concurrency import run_in_threadpool
 
 from autotuner import Device, Problem, Strategy, StrategyError
+from autotuner.rule import EXACT_SOURCES, exact_source
 from autotuner.snapshot import evidence
 from db import Database, StorageError, WinnerRecord
 from db import repository as repo
@@ -60,8 +61,9 @@ ANSWER_OVERHEAD = 1536  # bytes of a cached answer besides its JSON (the Lookup 
 BASELINE = Strategy.baseline()
 
 
-def _tuned(w: WinnerRecord, dkey: str, pkey: str) -> Lookup:
-    return Lookup(**evidence(w), source="tuned", problem_key=pkey, device_key=dkey)
+def _tuned(w: WinnerRecord, dkey: str, pkey: str, estimated: bool = False) -> Lookup:
+    """The problem's own winner: `tuned`, or `estimated` for a compile-only device's."""
+    return Lookup(**evidence(w), source=exact_source(estimated), problem_key=pkey, device_key=dkey)
 
 
 def _default(dkey: str, pkey: str) -> Lookup:
@@ -311,7 +313,7 @@ class LookupEngine:
         whole = {dkey for dkey, pkey in changes if pkey is None}
         exact = set(changes)
         self._answers.discard_if(lambda k, e: k[0] in devices and (
-            k[0] in whole or k in exact or e[1].source != "tuned"))
+            k[0] in whole or k in exact or e[1].source not in EXACT_SOURCES))
 
     # -- answers -------------------------------------------------------------------------------
     def _nearest(self, problem: Problem, pkey: str, dkey: str, neighbors: list[tuple[str, float]],
@@ -354,16 +356,16 @@ class LookupEngine:
                 todo.append(k)
         return now, dkey, keys, by_key, answers, todo
 
-    def _exact(self, dkey: str, todo: list[str]) -> dict[str, Lookup]:
+    def _exact(self, device: Device, dkey: str, todo: list[str]) -> dict[str, Lookup]:
         with self.database.session(read_only=True) as s:
             winners = repo.get_winners(s, dkey, todo)
-        return {k: _tuned(w, dkey, k) for k, w in winners.items()}
+        return {k: _tuned(w, dkey, k, device.estimated) for k, w in winners.items()}
 
     def _resolve(self, device: Device, dkey: str, problems: dict[str, Problem],
                  provisional: set[str]) -> dict[str, Lookup]:
         """Every answer of ``problems`` (by key) on one device, from the database (exact
         matches in one read transaction, then the nearest index and the model for the rest)."""
-        found = self._exact(dkey, list(problems))
+        found = self._exact(device, dkey, list(problems))
         rest = [k for k in problems if k not in found]
         if rest:
             found.update(self._inexact(device, dkey, problems, rest, provisional))
@@ -404,7 +406,7 @@ class LookupEngine:
         misses: dict[str, tuple[Problem, int]] = {}
         for a in out:
             sources[a.source] = sources.get(a.source, 0) + 1
-            if a.source != "tuned":
+            if a.source not in EXACT_SOURCES:
                 k = a.problem_key
                 misses[k] = (by_key[k], misses[k][1] + 1 if k in misses else 1)
         self.metrics.count_lookups(sources)

@@ -20,6 +20,8 @@ from prometheus_client import (
 )
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from autotuner.rule import EXACT_SOURCES
+
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})  # others: "other"
 LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5,
                    1.0, 2.5, 5.0)
@@ -55,7 +57,7 @@ class Metrics:
     def count_lookups(self, sources: dict[str, int]) -> None:
         for source, n in sources.items():
             self.lookups.labels(source).inc(n)
-            if source != "tuned":
+            if source not in EXACT_SOURCES:
                 self.misses.inc(n)
 
     def render(self) -> tuple[bytes, str]:

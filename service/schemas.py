@@ -29,7 +29,7 @@ from db.fields import Spec, fields_of
 from db.records import MEASUREMENT_INPUT_FIELDS
 from service.fields import DeviceField, JsonObject, ProblemField, StrategyField, Text
 
-Source = Literal["tuned", "nearest", "model", "default"]
+Source = Literal["tuned", "estimated", "nearest", "model", "default"]  # autotuner.rule.SOURCES
 SortKey = Literal["updated", "created", "speedup", "flops", "comm_bytes", "trials", "key", "pattern"]
 
 _Text = Field(min_length=1, max_length=256)

@@ -53,8 +53,8 @@ from typing import Any
 
 import httpx
 
-from autotuner import snapshot
-from autotuner.device import Device
+from autotuner import rule, snapshot
+from autotuner.device import Device, estimated_topology
 from autotuner.errors import AutotunerError
 from autotuner.problem import GroupedProblem, Problem, problem_from_dict
 from autotuner.runtime.answers import KEY_RE, LookupResult, session_answer
@@ -65,7 +65,7 @@ __all__ = ["KEY_RE", "Client", "ClientError", "LookupResult", "default_client", 
 
 log = logging.getLogger("autotuner.runtime.client")
 
-SOURCES = ("tuned", "nearest", "model", "default")
+SOURCES = rule.SOURCES
 BATCH = 500  # problems per POST /v1/lookup/batch (the service accepts up to AUTOTUNER_MAX_BATCH)
 # Seconds per request. The service lets its cost model predict for untuned shapes for up to
 # AUTOTUNER_MODEL_BUDGET_SECONDS per request (settings.model_budget_seconds: 2 s by default;
@@ -111,9 +111,12 @@ def _load_offline(path: str | os.PathLike[str]) -> tuple[dict[tuple[str, str], L
     except snapshot.SnapshotError as e:
         raise ClientError(str(e)) from None
     out = {}
+    estimated = {d.get("key") for d in doc.get("devices") or []
+                 if isinstance(d, dict) and estimated_topology(d.get("topology"))}
     for i, e in enumerate(doc.get("entries", [])):
         try:
-            r = LookupResult.from_json({**e, "source": "tuned"}, "snapshot")
+            source = rule.exact_source(isinstance(e, dict) and e.get("device_key") in estimated)
+            r = LookupResult.from_json({**e, "source": source}, "snapshot")
         except (KeyError, TypeError, ValueError, StrategyError) as err:
             raise ClientError(f"{path}: entries[{i}] is invalid: {err}") from None
         out[(r.device_key, r.problem_key)] = r
@@ -388,7 +391,7 @@ class Client:
             where = self._post_results(device, problem, session, name, run_id)
             if where.startswith("the service"):
                 got = self._ask_service(device, dkey, {pkey: problem})
-                if got is not None and got[pkey].source == "tuned":
+                if got is not None and got[pkey].source in rule.EXACT_SOURCES:
                     local = got[pkey]
         if local is not None:
             self._remember(device, {pkey: problem}, [local])

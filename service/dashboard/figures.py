@@ -26,8 +26,8 @@ __all__ = ["COLORS", "embed", "lookup_figure", "shape_map", "speedup_histogram",
 
 # one colour per winning method/direction, the same on every figure
 COLORS = {"baseline": "#7f7f7f", "ring-uni": "#1f77b4", "ring-bidi": "#d62728",
-          "xla_windowed": "#2ca02c"}
-_EXTRA = ("#9467bd", "#8c564b", "#e377c2", "#bcbd22", "#17becf", "#ff7f0e")
+          "xla_windowed": "#2ca02c", "plain": "#bcbd22"}
+_EXTRA = ("#9467bd", "#8c564b", "#e377c2", "#17becf", "#ff7f0e")
 _LAYOUT: dict[str, Any] = {"template": "plotly_white", "margin": {"l": 60, "r": 20, "t": 40, "b": 50},
                            "legend": {"orientation": "h", "y": -0.2}, "font": {"size": 12}}
 _SOURCE_COLORS = {"tuned": "#2ca02c", "nearest": "#1f77b4", "model": "#ff7f0e",

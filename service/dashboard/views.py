@@ -14,6 +14,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from autotuner.device import ESTIMATED_LABEL, estimated_topology
+from autotuner.rule import SOURCES, reference_method
 from db.records import DeviceRecord, JobRecord, MeasurementRecord, ProblemRecord, WinnerRecord
 from db.repository import TunedCount
 
@@ -21,7 +23,7 @@ __all__ = ["LOOKUP_SOURCES", "DeviceGroup", "device_label", "fmt_bytes", "fmt_ci
            "fmt_shapes", "fmt_speedup", "fmt_time", "fmt_when", "job_summary", "lookup_shares",
            "measurement_groups", "problem_json", "tuned_by_device"]
 
-LOOKUP_SOURCES = ("tuned", "nearest", "model", "default")
+LOOKUP_SOURCES = SOURCES
 LOOKUP_COUNTER = "autotuner_lookups"  # service.metrics: Counter("autotuner_lookups_total", ...)
 
 
@@ -86,11 +88,13 @@ def fmt_mesh(canonical: dict[str, Any]) -> str:
 
 
 def device_label(d: DeviceRecord | TunedCount | None) -> str:
-    """``cpu ×4 · lab-ring-1gbit``: kind, count and topology of a device fingerprint."""
+    """``cpu ×4 · lab-ring-1gbit``: kind, count and topology of a device fingerprint; a
+    compile-only target's says its figures are estimates."""
     if d is None:
         return "—"
     label = f"{d.device_kind} ×{d.num_devices}"
-    return f"{label} · {d.topology}" if d.topology else label
+    label = f"{label} · {d.topology}" if d.topology else label
+    return f"{label} · {ESTIMATED_LABEL}" if estimated_topology(d.topology) else label
 
 
 def problem_json(p: ProblemRecord) -> str:
@@ -190,6 +194,16 @@ class DeviceGroup:
     @property
     def label(self) -> str:
         return device_label(self.device) if self.device else f"device {self.device_id}"
+
+    @property
+    def estimated(self) -> bool:
+        """A compile-only target's: its times are XLA:TPU's estimates."""
+        return self.device is not None and estimated_topology(self.device.topology)
+
+    @property
+    def reference(self) -> str:
+        """The method every speedup here is over (plain on TPU, else the baseline)."""
+        return reference_method(self.device.platform if self.device else None)
 
 
 def measurement_groups(measurements: Sequence[MeasurementRecord],
