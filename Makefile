@@ -5,8 +5,9 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 MODELS := $(VENV)/.models-installed
+TPU    := $(VENV)/.tpu-installed
 
-.PHONY: run test install lint clean
+.PHONY: run test install tpu lint clean
 
 $(STAMP): pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
@@ -19,13 +20,21 @@ $(MODELS): $(STAMP) requirements-models.lock
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps -r requirements-models.lock
 	touch $(MODELS)
 
+# The XLA:TPU compiler (libtpu) for the aot:tpu:TOPOLOGY target and the tpu tests: jax's own `tpu`
+# extra at the installed jax's version, so libtpu always matches jax (about 680 MB).
+$(TPU): $(STAMP)
+	$(PY) -m pip install -q --disable-pip-version-check "jax[tpu]==$$($(PY) -c 'import importlib.metadata as m; print(m.version("jax"))')"
+	touch $(TPU)
+
 install: $(STAMP)
+
+tpu: $(TPU)
 
 run: $(STAMP)
 	$(VENV)/bin/autotuner up
 
 # scripts/test.sh installs and starts PostgreSQL and chromium when root (else says what skips).
-test: $(STAMP) $(MODELS)
+test: $(STAMP) $(MODELS) $(TPU)
 	PY=$(PY) scripts/test.sh
 
 lint: $(STAMP)

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# `make test`: every test. Prepares what the suite needs, then lint and pytest.
+# `make test`: every test. Prepares what the suite needs, then lint and pytest. (The Makefile has
+# already installed the models extra and libtpu, the XLA:TPU compiler of the tpu tests.)
 #
 # As root with apt-get (a fresh CI box or dev machine), it installs and starts what is missing —
 # Debian's chromium for the browser tests (scripts/test_deps.sh) and PostgreSQL 15 for the
@@ -28,6 +29,13 @@ elif [ "$root_apt" = "1" ]; then
   source scripts/ci_services.sh
 else
   echo "make test: PostgreSQL tests will skip: run as root (installs postgresql-15), or set AUTOTUNER_TEST_PG_URL" >&2
+fi
+
+# the tpu group compiles with libtpu (make test installs it): it runs, or fails, never skips
+if "$PY" -c "import libtpu" >/dev/null 2>&1; then
+  export AUTOTUNER_REQUIRE_TPU="${AUTOTUNER_REQUIRE_TPU:-1}"
+else
+  echo "make test: TPU compiler tests will skip: make tpu (pip install \"jax[tpu]==<jax version>\")" >&2
 fi
 
 if [ "$(id -u)" != "0" ]; then

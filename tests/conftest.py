@@ -10,8 +10,9 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import itertools  # noqa: E402
 import shutil  # noqa: E402
 import uuid  # noqa: E402
-from collections.abc import Iterator  # noqa: E402
+from collections.abc import Callable, Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402
 from sqlalchemy import Engine, create_engine, text  # noqa: E402
@@ -20,6 +21,25 @@ from sqlalchemy.pool import NullPool  # noqa: E402
 
 from autotuner.settings import normalize_db_url  # noqa: E402
 from db import upgrade  # noqa: E402
+
+REQUIRE_TPU_ENV = "AUTOTUNER_REQUIRE_TPU"
+
+
+@pytest.fixture(scope="session")
+def tpu_devices() -> Callable[[str], list[Any]]:
+    """libtpu's compile-only devices of a TPU topology (`aot:tpu:NAME`), for the `tpu` tests; they
+    skip without libtpu, and fail instead under AUTOTUNER_REQUIRE_TPU=1 (`make test` installs it)."""
+    from autotuner.measure.aot import AotError, AotSpec, topology_devices
+
+    def get(name: str) -> list[Any]:
+        try:
+            return topology_devices(AotSpec.parse(f"aot:tpu:{name}"))
+        except AotError as e:
+            if os.environ.get(REQUIRE_TPU_ENV, "").strip().lower() in ("1", "true", "yes"):
+                pytest.fail(f"the XLA:TPU compiler is required ({REQUIRE_TPU_ENV}=1): {e}", pytrace=False)
+            pytest.skip(f"the XLA:TPU compiler is not available: {e}")
+    return get
+
 
 PG_URL_ENV = "AUTOTUNER_TEST_PG_URL"
 REQUIRE_PG_ENV = "AUTOTUNER_REQUIRE_POSTGRES"

@@ -113,14 +113,25 @@ def extract_cmd(
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="count the skipped pairs, do not list them")] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", hidden=True,
                                           help="accepted for compatibility: skipped pairs are listed by default")] = False,
+    on: Annotated[str | None, typer.Option("--target", help="aot:tpu:TOPOLOGY: extract from XLA:TPU's "
+                                           "partitioner for that slice (the program built on as many "
+                                           "CPU devices, then re-laid there)")] = None,
 ) -> None:
     from autotuner.cli.model import ModelError, call_factory, import_target, make_mesh
-    from autotuner.cli.program import json_arg, parse_kwargs, parse_mesh, setup_devices
+    from autotuner.cli.program import (
+        aot_target,
+        json_arg,
+        parse_kwargs,
+        parse_mesh,
+        relaid,
+        setup_devices,
+    )
 
     shape = parse_mesh(mesh)
     if args is not None and shape is None:
         fail("--args needs --mesh (the axes its specs name)")
-    n = devices or (math.prod(shape.values()) if shape else 8)
+    aot = aot_target(on)
+    n = devices or (math.prod(shape.values()) if shape else len(aot[1]) if aot else 8)
     if shape and math.prod(shape.values()) > n:
         fail(f"--mesh {shape} needs {math.prod(shape.values())} devices; --devices is {n}")
     fkw = parse_kwargs(kwargs)
@@ -144,7 +155,11 @@ def extract_cmd(
             fail(f"{e}; pass --args to treat the target as the program itself"
                  if "must return" in str(e) else str(e))
         fn, fargs, fkwargs = prog.fn, prog.args, prog.kwargs
-    err.print(f"extracting {target} on {n} in-process CPU devices", highlight=False)
+    where = f"{n} in-process CPU devices"
+    if aot is not None:
+        fn, fargs, fkwargs, jmesh, dev = relaid(fn, fargs, fkwargs, jmesh, *aot)
+        where = f"{dev.label} (XLA:TPU's partitioner, no TPU)"
+    err.print(f"extracting {target} on {where}", highlight=False)
     try:
         if jmesh is not None:
             with jax.set_mesh(jmesh):

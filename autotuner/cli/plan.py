@@ -14,21 +14,24 @@ from typing import Annotated, Any
 import typer
 
 from autotuner.cli.common import app, err, fail, fmt
-from autotuner.cli.program import FACTORY_HELP, load_program
+from autotuner.cli.program import FACTORY_HELP, aot_target, load_program, relaid
 from autotuner.cli.winners import SOURCE_HELP, make_client
+from autotuner.device import ESTIMATED_LABEL
 
 HELP = f"""Show what the compiler pass `autotuner.overlap` does to a program: one row per collective/einsum pair (readable name, problem key, strategy, source of the choice, predicted saving).
 
 {FACTORY_HELP} Example: autotuner plan autotuner.examples.transformer:train_step --db sqlite:///autotuner.db
 
-Under --strategy auto (the default) a pair runs a tuned winner only when its speedup interval lies above 1; nearest, model and default answers stay baseline. The program is compiled, not run, on in-process CPU devices (--devices, default the mesh size, else 8)."""
+Under --strategy auto (the default) a pair runs a tuned winner only when its speedup interval lies above 1 (or, on an aot target, an estimated winner faster than plain); nearest, model and default answers stay baseline. The program is compiled, not run, on in-process CPU devices (--devices, default the mesh size, else 8), or with --target aot:tpu:TOPOLOGY for that TPU slice by XLA:TPU (libtpu, no TPU): the factory runs on CPU devices of the same mesh, its arguments are re-laid on the target's devices as abstract values, and the plan says per pair whether XLA:TPU's plain jit already decomposes it (column xla) and the step's temp memory plain vs rewritten on the target."""
 
 
 def print_plan(plan: list[dict[str, Any]], notes: list[str], out: Any = None) -> None:
     """The rows of `cli.model.plan_rows` as a table, then the notes."""
     out = out or sys.stdout
-    head = ("pair", "problem", "collective", "strategy", "source", "saving", "x")
-    rows = [head] + [(r["name"], (r["key"] or "-")[:12], r["form"], r["strategy"], r["source"],
+    xla = any(r.get("xla") for r in plan)   # a compiler that decomposes pairs itself (XLA:TPU)
+    head = ("pair", "problem", "collective", *(("xla",) if xla else ()), "strategy", "source", "saving", "x")
+    rows = [head] + [(r["name"], (r["key"] or "-")[:12], r["form"], *((r.get("xla") or "-",) if xla else ()),
+                      r["strategy"], r["source"],
                       fmt(100 * r["saving"] if r["saving"] is not None else None, ".0f")
                       + ("%" if r["saving"] is not None else ""), str(r["count"])) for r in plan]
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
@@ -75,12 +78,14 @@ def strategy_arg(text: str) -> Any:
 
 def _key_dict(key: str) -> dict[str, Any]:
     """A strategy key (`Strategy.key`) as its dict."""
+    if key == "plain":
+        return {"method": "plain"}
     if key in ("xla_windowed", "xla_windowed-ms"):
         return {"method": "xla_windowed", "multi_stream": key.endswith("-ms")}
     parts = key.split("-")
     if (len(parts) != 6 or parts[0] != "ring" or not parts[2].startswith("c") or not parts[3].startswith("u")
             or parts[5] not in ("send", "comp")):
-        raise ValueError("expected auto, baseline, a key such as ring-uni-c2-u1-loop-send, or a JSON object")
+        raise ValueError("expected auto, baseline, plain, a key such as ring-uni-c2-u1-loop-send, or a JSON object")
     unroll = parts[3][1:]
     return {"method": "ring", "direction": parts[1], "chunks": int(parts[2][1:]),
             "unroll": unroll if unroll == "full" else int(unroll), "fuse": parts[4],
@@ -105,25 +110,33 @@ def plan_cmd(
                                           "(key or JSON) for every pair")] = "auto",
     memory: Annotated[str, typer.Option("--memory", help=MEMORY_HELP)] = "0.05",
     json_out: Annotated[bool, typer.Option("--json", help="one JSON object per pair on stdout")] = False,
+    on: Annotated[str | None, typer.Option("--target", help="aot:tpu:TOPOLOGY: plan for that TPU slice "
+                                           "with XLA:TPU's compiler (libtpu; nothing runs)")] = None,
 ) -> None:
     chosen = strategy_arg(strategy)
     bound = memory_arg(memory)
-    prog = load_program(target, mesh=mesh, kwargs=kwargs, explicit=explicit, devices=devices)
+    aot = aot_target(on)
+    prog = load_program(target, mesh=mesh, kwargs=kwargs, explicit=explicit,
+                        devices=devices or (len(aot[1]) if aot and not mesh else None))
     import jax
 
     from autotuner.cli.model import plan_notes, plan_rows
     from autotuner.overlap import overlap
 
+    fn, args, fkw, run_mesh, prefer = prog.fn, prog.args, prog.kwargs, prog.mesh, None
+    if aot is not None:
+        fn, args, fkw, run_mesh, prefer = relaid(prog.fn, prog.args, prog.kwargs, prog.mesh, *aot)
     with tempfile.TemporaryDirectory(prefix="autotuner-plan-") as tmp:
         winners = make_client(db=db, service=service, snapshot=snapshot, device=device,
-                              n=mesh_size(prog), tmpdir=tmp)
-        err.print(f"planning {target}; {winners.where}", highlight=False)
-        ov = overlap(prog.fn, strategy=chosen, client=winners.client, memory=bound)
-        if prog.mesh is not None:
-            with jax.set_mesh(prog.mesh):
-                plan = ov.plan(*prog.args, **prog.kwargs)
+                              n=mesh_size(prog), tmpdir=tmp, prefer=prefer.key if prefer else None)
+        where = f" on {prefer.label}, {ESTIMATED_LABEL}" if prefer else ""
+        err.print(f"planning {target}{where}; {winners.where}", highlight=False)
+        ov = overlap(fn, strategy=chosen, client=winners.client, memory=bound)
+        if run_mesh is not None:
+            with jax.set_mesh(run_mesh):
+                plan = ov.plan(*args, **fkw)
         else:
-            plan = ov.plan(*prog.args, **prog.kwargs)
+            plan = ov.plan(*args, **fkw)
     rows, notes = plan_rows(plan), plan_notes(plan)
     if json_out:
         for row in rows:

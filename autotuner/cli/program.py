@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 from typing import Any
 
-from autotuner.cli.common import fail
+from autotuner.cli.common import fail, say
 
 FACTORY_HELP = ("The argument is MODULE:FACTORY (MODULE a dotted module name or a path to a .py file); "
                 "FACTORY returns (fn, args) or (fn, args, kwargs) and is called with --kwargs, plus "
@@ -45,10 +44,10 @@ def parse_mesh(text: str | None) -> dict[str, int] | None:
 
 def setup_devices(n: int) -> None:
     """n in-process CPU devices (before JAX initialises), or check JAX has at least n."""
-    from autotuner.measure.targets import TargetError, prepare_inproc
+    from autotuner.measure.targets import TargetError, backends_started, prepare_inproc
 
     try:
-        if "jax" not in sys.modules:
+        if not backends_started():
             prepare_inproc(n)
             return
         import jax
@@ -83,3 +82,39 @@ def parse_kwargs(kwargs: str | None) -> dict[str, Any]:
     if not isinstance(fkw, dict):
         fail("--kwargs: expected a JSON object")
     return fkw
+
+
+def aot_target(text: str | None) -> tuple[Any, list[Any]] | None:
+    """--target: None, or (the aot spec, its devices); the command fails on anything else."""
+    if text is None:
+        return None
+    from autotuner.measure.aot import AotError, AotSpec, topology_devices
+
+    try:
+        spec = AotSpec.parse(text)
+        return spec, topology_devices(spec)
+    except AotError as e:
+        fail(f"--target {text!r}: {e}" if "expected" in str(e) else str(e))
+    raise AssertionError("unreachable")
+
+
+def relaid(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], mesh: Any, spec: Any, devices: list[Any]
+           ) -> tuple[Any, tuple[Any, ...], dict[str, Any], Any, Any]:
+    """A program built on CPU devices (`mesh`: the one it runs under, if any) moved onto an aot
+    target's devices (`measure.relay`): (fn, abstract args, kwargs, the target's mesh where the
+    program ran under one, the target's Device). The command fails, in one line, if it cannot be."""
+    import contextlib
+
+    import jax
+
+    from autotuner.measure.aot import device_of
+    from autotuner.measure.relay import relay
+
+    try:
+        with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
+            fn, args, kwargs, moved = relay(fn, args, kwargs, devices)
+    except Exception as e:  # noqa: BLE001 - the user's program: say what failed, in one line
+        fail(f"could not move the program onto {spec.text}: {type(e).__name__}: {str(e).splitlines()[0][:300]}")
+    if moved.size != len(devices):
+        say(f"note: the program's mesh has {moved.size} of the target's {len(devices)} devices")
+    return fn, args, kwargs, moved if mesh is not None else None, device_of(spec, devices)

@@ -25,6 +25,7 @@ from autotuner.cli.common import (
     say,
     token_of,
 )
+from autotuner.device import ESTIMATED_LABEL
 
 
 def load_items(problems: str | None, n: int, scale: float) -> list[tuple[str, Any]]:
@@ -61,7 +62,8 @@ def tune(
     ctx: typer.Context,
     problems: Annotated[str | None, typer.Option("--problems", help="JSON, JSONL or YAML file of Problems, "
                                                  "or 'suite' for the built-in transformer suite")] = None,
-    target: Annotated[str | None, typer.Option(help="inproc:N, lab:TOPOLOGY:N:RATE or local")] = None,
+    target: Annotated[str | None, typer.Option(help="inproc:N, lab:TOPOLOGY:N:RATE, local, or aot:tpu:TOPOLOGY "
+                                               "(XLA:TPU compile, estimated times)")] = None,
     db: Annotated[str | None, typer.Option("--db", help="database URL (default AUTOTUNER_DB_URL, "
                                            "else ./autotuner.db)")] = None,
     service: Annotated[str | None, typer.Option(help="upload results to this service URL instead")] = None,
@@ -120,7 +122,8 @@ def tune(
             except MultiProcessError as e:
                 fail(str(e), code=1)
             return
-    items = load_items(problems, tgt.n or _local_devices(), scale)
+    # a file is read (and refused) before a target starts; the suite's mesh is the target's size
+    items = load_items(problems, tgt.n or 0, scale) if tgt.n or problems not in (None, "suite") else None
     token = token_of(ctx, token, token_file)
     if service and not token:
         fail(f"--service needs a write token of the service: set {SERVICE_TOKEN_ENV}, or give --token-file "
@@ -140,11 +143,16 @@ def tune(
             fail("the Optuna search is not available yet; run with --exhaustive")
     run_id = uuid.uuid4().hex[:12]
     rows: list[dict[str, Any]] = []
-    err.print(f"target {tgt.text}: {len(items)} problem(s), run {run_id}", highlight=False)
     try:
         with TargetSession(tgt, log=say, ctx=mp_ctx) as ts:
+            items = items if items is not None else load_items(problems, ts.num_devices, scale)
+            err.print(f"target {tgt.text}: {len(items)} problem(s), run {run_id}", highlight=False)
             err.print(f"device {ts.device.label} ({ts.device.key[:8]})", highlight=False)
-            if not exhaustive:
+            if ts.estimates:
+                err.print(ESTIMATED + ": every candidate is compiled for the target, nothing runs; "
+                          "--reps, --precision and --aa do not apply", highlight=False)
+                reps, aa, precision = 1, False, 0.0
+            elif not exhaustive:
                 say_model(database, ts.device)
             for name, problem in items:
                 row = tune_or_fail(ts, database, name, problem, run_id, exhaustive=exhaustive, trials=trials,
@@ -159,6 +167,9 @@ def tune(
     except TargetError as e:
         fail(str(e))
     print_summary(rows)
+    for r in rows:
+        if r.get("candidates"):
+            print_candidates(r)
     line = summary_line(rows)
     failed = [r for r in rows if r["error"] is not None]
     err.print(line, highlight=False, style="bold red" if failed else None)
@@ -212,7 +223,8 @@ def failed_row(ts: Any, name: str, problem: Any, error: str, t0: float) -> dict[
             "winner": None, "speedup": None, "speedup_ci": None, "baseline_s": None, "winner_s": None,
             "bound_s": None, "efficiency": None, "aa_width": None, "aa_ci": None, "trials": 0,
             "seconds": round(time.perf_counter() - t0, 3),
-            "failed": None, "error": error[:2000]}
+            "failed": None, "error": error[:2000], "estimated": ts.device.estimated, "reference": None,
+            "candidates": []}
 
 
 def say_model(database: Any, device: Any) -> None:
@@ -234,17 +246,19 @@ def tune_one(ts: Any, database: Any, name: str, problem: Any, run_id: str, *, ex
 
     from autotuner.measure import run_session
     from autotuner.strategies.space import space
+    from autotuner.strategy import reference
     from autotuner.tune import store
 
     t0 = time.perf_counter()
     strategies = space(problem, ts.device)
+    ref = reference(ts.device.platform)
     err.print(f"[bold]{name}[/]: {problem.describe()} — {len(strategies)} strategies", highlight=False)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                   console=err, transient=True) as prog:
         if exhaustive:
             task = prog.add_task(f"{name}: compiling {len(strategies)}", total=reps)
             session = run_session(ts.runner(problem), problem, strategies, reps=reps,
-                                  log=say, aa=aa, precision=precision,
+                                  log=say, aa=aa, precision=precision, reference=ref,
                                   on_rep=lambda r, n: prog.update(task, completed=r, total=n,
                                                                   description=f"{name}: timing"))
             winner = store.save(database, ts.device, problem, store.session_items(session, run_id),
@@ -253,6 +267,7 @@ def tune_one(ts: Any, database: Any, name: str, problem: Any, run_id: str, *, ex
             bound_s = session.bound_s
             aa_w = session.aa_width
             aa_ci = [session.aa.ratio_lo, session.aa.ratio_hi] if session.aa is not None else None
+            seen = [session.baseline, *session.candidates]
         else:
             from autotuner.tune.search import tune_problem
 
@@ -260,6 +275,7 @@ def tune_one(ts: Any, database: Any, name: str, problem: Any, run_id: str, *, ex
                                   run_id=run_id, progress=prog, name=name, aa=aa, precision=precision)
             winner, n_trials, failed, bound_s = result.winner, result.trials, result.failed, result.bound_s
             aa_w, aa_ci = result.aa_width, list(result.aa_ci) if result.aa_ci else None
+            seen = result.candidates
     # a worker that found every trial of the budget claimed by the study's other workers measured
     # nothing itself: not a failure (their winner is stored when they finish)
     by_others = not exhaustive and n_trials == 0 and result.studied > 0
@@ -276,7 +292,50 @@ def tune_one(ts: Any, database: Any, name: str, problem: Any, run_id: str, *, ex
             "baseline_s": winner.baseline_s if winner else None,
             "winner_s": winner.winner_s if winner else None,
             "bound_s": bound_s, "efficiency": eff, "aa_width": aa_w, "aa_ci": aa_ci, "trials": n_trials,
-            "seconds": round(time.perf_counter() - t0, 3), "failed": failed, "error": error}
+            "seconds": round(time.perf_counter() - t0, 3), "failed": failed, "error": error,
+            "estimated": ts.device.estimated, "reference": ref.key,
+            "candidates": [candidate_row(c, ts.device.estimated) for c in seen]}
+
+
+ESTIMATED = ESTIMATED_LABEL
+
+
+def candidate_row(c: Any, estimated: bool) -> dict[str, Any]:
+    """One strategy of a problem as `tune --json` lists it beside the others: compiled or why,
+    its memory on the target, its time (measured, or estimated on an `aot` target) and speedup
+    over the reference, and on `aot` what the schedule overlaps."""
+    mem, sched = c.memory or {}, c.schedule or {}
+    return {"strategy": c.strategy, "key": c.key, "compiled": c.compile_s is not None, "status": c.status,
+            "reason": c.reason, "temp_bytes": mem.get("temp_size_in_bytes"),
+            "argument_bytes": mem.get("argument_size_in_bytes"),
+            "median_s": None if estimated else c.median_s, "estimated_s": c.median_s if estimated else None,
+            "speedup": c.ratio, "speedup_ci": None if estimated else [c.ratio_lo, c.ratio_hi],
+            "async_collectives": sched.get("async_collectives"),
+            "overlapped_collectives": sched.get("overlapped_collectives"),
+            "collective_s": sched.get("collective_s"), "exposed_s": sched.get("exposed_s"),
+            "compute_s": sched.get("compute_s"), "hidden_fraction": sched.get("hidden_fraction")}
+
+
+def print_candidates(row: dict[str, Any], rings: int = 3) -> None:
+    """The reference, plain, xla_windowed, the baseline and the best few rings of one problem."""
+    cands = row["candidates"]
+    est = row.get("estimated")
+    t = Table(title=f"{row['name']}: candidates" + (f" — {ESTIMATED}" if est else ""), show_lines=False)
+    for col in ("strategy", "compiled", "estimated ms" if est else "median ms", f"x {row['reference']}",
+                "temp MB", "async", "overlapped", "hidden"):
+        t.add_column(col)
+    ok = sorted((c for c in cands if c["status"] == "ok" and c["key"].startswith("ring")),
+                key=lambda c: c["estimated_s"] if est else c["median_s"])
+    shown = [c for c in cands if not c["key"].startswith("ring")] + ok[:rings]
+    shown += [c for c in cands if c["status"] != "ok" and c not in shown][:rings]
+    for c in shown:
+        secs = c["estimated_s"] if est else c["median_s"]
+        hid = c["hidden_fraction"]
+        t.add_row(c["key"], "yes" if c["compiled"] else "no: " + (c["reason"] or "")[:60],
+                  fmt(secs and secs * 1e3, ".3f"), fmt(c["speedup"], ".3f"),
+                  fmt(c["temp_bytes"] and c["temp_bytes"] / 1e6, ".1f"), fmt(c["async_collectives"], "d"),
+                  fmt(c["overlapped_collectives"], "d"), "-" if hid is None else f"{hid * 100:.0f}%")
+    err.print(t)
 
 
 def upload_run(service: str, token: str | None, device: Any, problem: Any, database: Any, run_id: str,
@@ -356,10 +415,3 @@ def worker(
     except httpx.HTTPError as e:
         fail(f"cannot reach {service}: {e}")
     err.print(f"{n} job(s) done")
-
-
-def _local_devices() -> int:
-    """The built-in suite's mesh on `--target local`: every device of the job (all processes')."""
-    import jax
-
-    return jax.device_count()

@@ -64,7 +64,8 @@ def units_of(plan_rows: list[dict[str, Any]], current: dict[str, Any], candidate
 @app.command("tune-model", help=HELP)
 def tune_model_cmd(
     target: Annotated[str, typer.Argument(metavar="MODULE:FACTORY", help="a factory of (fn, args)")],
-    on: Annotated[str, typer.Option("--target", help="inproc:N, lab:TOPOLOGY:N:RATE or local")] = "inproc:4",
+    on: Annotated[str, typer.Option("--target", help="inproc:N, lab:TOPOLOGY:N:RATE, local, or aot:tpu:TOPOLOGY "
+                                    "(the isolated search only: estimates, no step to time)")] = "inproc:4",
     db: Annotated[str, typer.Option("--db", help="results database URL (winners, measurements, evidence)")] = "",
     mesh: Annotated[str | None, typer.Option("--mesh", help='mesh axes, e.g. \'{"model": 2}\'')] = None,
     kwargs: Annotated[str | None, typer.Option("--kwargs", help="JSON object of keyword arguments for the factory")] = None,
@@ -88,15 +89,24 @@ def tune_model_cmd(
     open_database(url).engine.dispose()   # created and migrated here, once
     common = [*(["--mesh", json.dumps(shape)] if shape else []), "--kwargs", json.dumps(fkw),
               "--explicit" if explicit else "--auto"]
+    aot = tgt.estimates   # a compile-only target: the isolated search only, nothing to time in the step
     with tempfile.TemporaryDirectory(prefix="autotuner-tune-model-") as tmp:
         if not skip_tune:
             problems = f"{tmp}/problems.json"
-            for argv in (["extract", target, *common, "-q", "-o", problems],
+            for argv in (["extract", target, *common, *(["--target", on] if aot else []), "-q", "-o", problems],
                          ["tune", "--problems", problems, "--target", on, "--db", url, "--trials", str(trials),
                           "--reps", str(tune_reps)]):
                 err.print(f"$ autotuner {' '.join(argv)}", highlight=False)
                 if subprocess.run([sys.executable, "-m", "autotuner.cli", *argv], stdout=sys.stderr).returncode:
                     fail(f"autotuner {argv[0]} failed; nothing was refined")
+        if aot:
+            say(f"{on} compiles and estimates, it runs nothing: the refinement in the program (timed whole "
+                f"steps) is left out. The estimated winners are in {url}; `autotuner plan {target} --target {on} "
+                f"--db {url}` shows the plan they make.")
+            if json_out:
+                sys.stdout.write(json.dumps({"program": target, "kwargs": fkw, "target": on, "refined": False,
+                                             "estimated": True}) + "\n")
+            return
         result = _refine(tgt, target, fkw, shape, explicit, url, tmp, reps=reps, k=candidates, memory=bound,
                          tolerance=tolerance)
     if json_out:

@@ -64,8 +64,14 @@ def _mesh_info(mesh: Any) -> MeshInfo:
 
 # Options for a compile whose only product is the HLO around the partitioner (the executable is
 # thrown away): the backend's code generation, most of a compile's time, at its cheapest. Per
-# platform; the partitioned module does not depend on them.
+# platform; the partitioned module does not depend on them, but on TPU: there the partitioner
+# decomposes large gather/scatter einsums itself (XLA's windowed einsum, on by default above its
+# size threshold), so the analysis turns that off to see every pair as a collective and a dot;
+# what plain jit makes of each pair is read from a compile with the default options
+# (`overlap.find.windowed_tags`).
 ANALYSIS_OPTIONS: dict[str, dict[str, Any]] = {
+    "tpu": {"xla_tpu_enable_windowed_einsum_for_all_gather": False,
+            "xla_tpu_enable_windowed_einsum_for_reduce_scatter": False},
     "cpu": {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True},
     "gpu": {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True,
             "xla_gpu_autotune_level": 0},
@@ -150,11 +156,19 @@ STOP_TARGET = "autotuner_analysis_stop"
 STOP_PLATFORMS = frozenset({"cpu"})
 
 
-def stops_here() -> bool:
-    """Whether this backend's analysis compiles can end at `analysis_stop`."""
+def platform_of(platform: str | None = None) -> str:
+    """`platform`, else this process's default backend's (a compile-only target's programs name
+    theirs: the pass passes its mesh's)."""
+    if platform:
+        return platform
     import jax
 
-    return jax.devices()[0].platform in STOP_PLATFORMS
+    return str(jax.devices()[0].platform)
+
+
+def stops_here(platform: str | None = None) -> bool:
+    """Whether this backend's analysis compiles can end at `analysis_stop`."""
+    return platform_of(platform) in STOP_PLATFORMS
 
 
 def analysis_stop() -> Any:
@@ -182,17 +196,17 @@ def _dumped_temp(d: str, module: str) -> int | None:
     return total
 
 
-def partitioned_texts(lowered: Any, *, analysis: bool = False, stops: bool = False) -> Partitioned:
+def partitioned_texts(lowered: Any, *, analysis: bool = False, stops: bool = False,
+                      platform: str | None = None) -> Partitioned:
     """A lowered program's `Partitioned`. `analysis=True`: the texts (and temp bytes: the buffer
     assignment does not depend on code generation) are all that is wanted, so the backend
     compiles at its cheapest (`ANALYSIS_OPTIONS`) and `compiled` is None (not fit to run).
     `stops=True` (with `analysis`): the program returns `analysis_stop()`, so the compile ends
     before code generation and the temp bytes come from the dumped buffer assignment. With
     JAX's persistent compilation cache configured the texts are kept beside it, so the same
-    program analysed again (a restarted job) is not compiled for them."""
-    import jax
-
-    cheap = dict(ANALYSIS_OPTIONS.get(jax.devices()[0].platform, {}))
+    program analysed again (a restarted job) is not compiled for them. `platform`: the one the
+    program is compiled for (default this process's backend)."""
+    cheap = dict(ANALYSIS_OPTIONS.get(platform_of(platform), {}))
     cache = _texts_cache()
     key = _cache_key(lowered, cheap) if cache else ""
     texts = _load(cache, key) if cache else None
@@ -258,7 +272,7 @@ def _dumped_whole(d: str) -> bool:
     """Whether the partitioned module is dumped in `d`, whole: XLA writes a dump as it goes, and
     prints the ENTRY computation last, so a file that has it and ends with a computation's
     closing brace is complete."""
-    files = glob.glob(os.path.join(d, "*after_spmd-partitioning*.txt"))
+    files = [f for f in glob.glob(os.path.join(d, "*spmd-partitioning*.txt")) if _AFTER.search(os.path.basename(f))]
     if not files:
         return False
     try:
@@ -330,13 +344,18 @@ def keep_json(path: str, doc: Any, what: str) -> None:
         log.warning("could not keep %s in %s: %s", what, path, e)
 
 
+# the partitioner's dumps: XLA:CPU/GPU name the pass spmd-partitioning, XLA:TPU tpu-spmd-partitioning
+_BEFORE = re.compile(r"before_(?:tpu-)?spmd-partitioning")
+_AFTER = re.compile(r"after_(?:tpu-)?spmd-partitioning")
+
+
 def _read_dump(d: str) -> tuple[str, str, int, str]:
     """(pre, post, num_partitions, module) of the program dumped in `d`; module: its dump name
     (module_NNNN), the prefix of its other dumps."""
     files = sorted(glob.glob(os.path.join(d, "*.txt")))
     module = lambda f: os.path.basename(f).split(".")[0]  # noqa: E731 - module_NNNN
-    before = [f for f in files if "before_spmd-partitioning" in os.path.basename(f)]
-    after = [f for f in files if "after_spmd-partitioning" in os.path.basename(f)]
+    before = [f for f in files if _BEFORE.search(os.path.basename(f))]
+    after = [f for f in files if _AFTER.search(os.path.basename(f))]
     both = sorted({module(f) for f in before} & {module(f) for f in after})
     if both:  # one module per compile; if XLA dumped several, the last compiled is ours
         before = [f for f in before if module(f) == both[-1]]
@@ -365,8 +384,19 @@ def partitioned_hlo(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> tuple[
     """(propagated, partitioned, num_partitions): the HLO text before and after XLA's SPMD
     partitioner for `fn` compiled with the example arguments (at the backend's cheapest: only the
     texts are kept). For a one-device program, where the partitioner does not run, both are ''."""
-    got = partitioned_texts(lower(fn, *args, **kwargs), analysis=True)
+    got = partitioned_texts(lower(fn, *args, **kwargs), analysis=True, platform=_platform_of_args(args, kwargs))
     return got.pre, got.post, got.parts
+
+
+def _platform_of_args(args: Sequence[Any], kwargs: Mapping[str, Any]) -> str | None:
+    """The platform of the devices the arguments are laid out on (a compile-only target's
+    abstract arguments name theirs), None where none says."""
+    for leaf in _leaves((tuple(args), dict(kwargs))):
+        mesh = getattr(getattr(leaf, "sharding", None), "mesh", None)
+        devices = getattr(mesh, "devices", None)
+        if devices is not None and getattr(devices, "size", 0):
+            return str(devices.flat[0].platform)
+    return None
 
 
 def extract_report(fn: Callable[..., Any], *args: Any, mesh: Any = None, **kwargs: Any) -> ExtractReport:

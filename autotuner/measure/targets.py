@@ -1,4 +1,6 @@
-"""Where measurements run: `inproc:N`, `lab:TOPOLOGY:N[:RATE]` or `local`."""
+"""Where measurements run: `inproc:N`, `lab:TOPOLOGY:N[:RATE]` or `local`; and where nothing runs:
+`aot:tpu:TOPOLOGY`, XLA:TPU's compile for a slice that is not here, with estimated times
+(`autotuner.measure.aot`)."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ class TargetError(AutotunerError, ValueError):
 
 @dataclass(frozen=True)
 class Target:
-    kind: str             # inproc | lab | local
+    kind: str             # inproc | lab | local | aot
     n: int | None = None  # devices (inproc, lab)
     text: str = ""
 
@@ -45,8 +47,20 @@ class Target:
             except LabError as e:
                 raise TargetError(str(e)) from None
             return cls("lab", spec.n, t)
-        raise TargetError(f"target {text!r}: expected inproc:N, lab:TOPOLOGY:N:RATE (e.g. lab:shared:2:2gbit) "
-                          "or local")
+        if t.startswith("aot:"):
+            from autotuner.measure.aot import AotError, AotSpec
+
+            try:
+                return cls("aot", None, AotSpec.parse(t).text)
+            except AotError as e:
+                raise TargetError(str(e)) from None
+        raise TargetError(f"target {text!r}: expected inproc:N, lab:TOPOLOGY:N:RATE (e.g. lab:shared:2:2gbit), "
+                          "local or aot:tpu:TOPOLOGY (e.g. aot:tpu:v5e:2x4)")
+
+    @property
+    def estimates(self) -> bool:
+        """Nothing runs on this target: its times are the compiler's estimates."""
+        return self.kind == "aot"
 
 
 def default_target() -> str:
@@ -61,10 +75,20 @@ def default_target() -> str:
     return "inproc:8"
 
 
+def backends_started() -> bool:
+    """Whether JAX has started its backends (importing jax, or loading libtpu's topologies for an
+    `aot` target, does not): until then the number of CPU devices can still be set."""
+    if "jax" not in sys.modules:
+        return False
+    from jax._src import xla_bridge  # no public API says this (checked with jax 0.10.2)
+
+    return bool(xla_bridge.backends_are_initialized())
+
+
 def prepare_inproc(n: int) -> None:
     """In-process CPU devices must be asked for before JAX initialises its backend."""
     flag = f"--xla_force_host_platform_device_count={n}"
-    if "jax" in sys.modules:
+    if backends_started():
         import jax
 
         if jax.device_count() != n and jax.default_backend() == "cpu":
@@ -89,6 +113,15 @@ class TargetSession:
         if target.kind == "inproc":
             prepare_inproc(int(target.n or 1))
             self.device = Device.current(topology="inproc")
+        elif target.kind == "aot":
+            from autotuner.measure.aot import AotError, AotSpec, device_of, topology_devices
+
+            spec = AotSpec.parse(target.text)
+            try:
+                self._aot_devices = topology_devices(spec)
+            except AotError as e:
+                raise TargetError(str(e)) from None
+            self.device = device_of(spec, self._aot_devices)
         elif target.kind == "local":
             self.device = Device.current(topology="local")
             if ctx is not None:
@@ -111,6 +144,22 @@ class TargetSession:
     def num_devices(self) -> int:
         return self.device.num_devices
 
+    @property
+    def estimates(self) -> bool:
+        return self.target.estimates
+
+    def mesh(self, problem: Problem) -> Any:
+        """The problem's mesh on this target's devices (the target's own on `aot`)."""
+        import jax
+
+        shape = tuple(s for _, s in problem.mesh)
+        names = tuple(a for a, _ in problem.mesh)
+        if self.target.kind == "aot":
+            from autotuner.measure.aot import mesh_on
+
+            return mesh_on(self._aot_devices, shape, names)
+        return jax.make_mesh(shape, names, devices=jax.devices()[: math.prod(shape)])
+
     def check(self, problem: Problem) -> None:
         need = math.prod(s for _, s in problem.mesh)
         if need != self.num_devices:
@@ -121,13 +170,13 @@ class TargetSession:
         self.check(problem)
         if self.lab is not None:
             return self._lab_runner
-        import jax
+        if self.target.kind == "aot":
+            from autotuner.measure.aot import AotRunner
 
+            return AotRunner(self.mesh(problem))
         from autotuner.measure import LocalRunner
 
-        shape = tuple(s for _, s in problem.mesh)
-        mesh = jax.make_mesh(shape, tuple(a for a, _ in problem.mesh), devices=jax.devices()[: math.prod(shape)])
-        return LocalRunner(mesh)
+        return LocalRunner(self.mesh(problem))
 
     def close(self) -> None:
         if self.lab is not None:

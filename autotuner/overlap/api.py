@@ -235,7 +235,7 @@ class Overlapped:
         from autotuner.hlo.compile import lower, partitioned_texts, stops_here, temp_bytes
         from autotuner.overlap.apply import Action, Interpreter
         from autotuner.overlap.choose import choose
-        from autotuner.overlap.find import find_sites_kept
+        from autotuner.overlap.find import WINDOWS_ITSELF, find_sites_kept, xla_windowing
         from autotuner.overlap.memory import gathered_bytes, mib, over
         from autotuner.overlap.memory import shed as memory_shed
         from autotuner.overlap.plan import Cost
@@ -267,8 +267,11 @@ class Overlapped:
         injob = InJob(self.client, mesh, self.tune_budget_s) if self.tune == "missing" else None
         # The analysis compile ends before code generation where the backend allows it (an extra
         # output, so not where the caller fixed the outputs' shardings).
-        stops = stops_here() and self.jit_kwargs.get("out_shardings") is None
+        platform = str(mesh.devices.flat[0].platform)
+        stops = stops_here(platform) and self.jit_kwargs.get("out_shardings") is None
         cost = Cost()
+        windowed: frozenset[str] = frozenset()   # tags of the dots plain jit's XLA windows itself
+        xla_temp: int | None = None              # plain jit's temp bytes where the analysis is not plain jit
         for n in range(rounds):
             interp = Interpreter(mesh, dict(actions), traced=traced)
             jitted = self._jit(interp, stop=n == 0 and stops)
@@ -280,10 +283,13 @@ class Overlapped:
                         compiled = lowered.compile()
                     break
                 with cost.timing("compile" if n else "analysis"):
-                    part = partitioned_texts(lowered, analysis=n == 0, stops=n == 0 and stops)
+                    part = partitioned_texts(lowered, analysis=n == 0, stops=n == 0 and stops, platform=platform)
                 compiled = part.compiled
                 if n == 0:
                     analysed = part
+                    if platform in WINDOWS_ITSELF:
+                        with cost.timing("analysis"):
+                            windowed, xla_temp = xla_windowing(lowered, stop=stops)
                 with cost.timing("reading"):
                     found = find_sites_kept(part, interp, mesh, seen)
             except Exception as e:  # noqa: BLE001 - never worse than plain jit
@@ -313,14 +319,20 @@ class Overlapped:
             if n:
                 new_rows = [replace(r, note=(r.note + "; " if r.note else "") + f"found in round {n + 1}")
                             for r in new_rows]
+            new_tags = [s.tag if s else None for s in found.sites]
+            if windowed:
+                new_rows = [replace(r, xla="windowed") if t in windowed else r
+                            for r, t in zip(new_rows, new_tags, strict=True)]
             rows += new_rows
-            tags += [s.tag if s else None for s in found.sites]
+            tags += new_tags
             if not new_actions:
                 break
             actions.update(new_actions)
         # the plain step's temp bytes: the analysis compile may have gone on beside the rounds
         with cost.timing("analysis"):
             plain_temp = analysed.temp_bytes if analysed is not None else None
+        if xla_temp is not None:   # the analysis compiled without XLA's own windowing: not plain jit
+            plain_temp = xla_temp
         if not actions:   # nothing to rewrite: exactly plain jit (compiled on the first call)
             return _Prepared(plain, Plan(numbered(rows), notes, Memory(plain_temp, plain_temp, self.memory), program,
                                          cost))

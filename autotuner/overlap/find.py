@@ -97,6 +97,39 @@ def _tag(op_name: str) -> str | None:
     return rest[:j] if j > 0 else None
 
 
+WINDOWED = "windowed_dot_general"  # what XLA calls the loop of its own windowed einsum
+
+
+def windowed_tags(compiled_text: str) -> frozenset[str]:
+    """The tags of the dots that XLA decomposed itself (its windowed einsum) in a compiled module:
+    the dots inside its `windowed_dot_general` loops (XLA:TPU does this in plain jit above its
+    size threshold)."""
+    mod = parse_hlo(compiled_text)
+    tags = set()
+    for comp, names in mod.computations.items():
+        if WINDOWED in comp:
+            tags.update(t for n in names if (t := _tag(mod.instrs[n].op_name)) is not None)
+    return frozenset(tags)
+
+
+# Platforms whose compiler decomposes gather/scatter einsums itself in plain jit (XLA:TPU's
+# windowed einsum, on by default above its size threshold): the analysis compiles without it
+# (`hlo.compile.ANALYSIS_OPTIONS`) and plain jit's own program is compiled once more to say which
+# pairs it windows and what its temp memory is.
+WINDOWS_ITSELF = frozenset({"tpu"})
+
+
+def xla_windowing(lowered: Any, stop: bool) -> tuple[frozenset[str], int | None]:
+    """(the tags of the dots plain jit's compiler windows itself, its temp bytes) for the
+    analysed program compiled with the target's default options."""
+    from autotuner.hlo.compile import temp_bytes
+
+    if stop:   # an analysis program ending in analysis_stop cannot be compiled whole
+        return frozenset(), None
+    compiled = lowered.compile()
+    return windowed_tags(compiled.as_text()), temp_bytes(compiled)
+
+
 def _ident(pair: Pair) -> str:
     """What names a pair across rounds: its dot's tag, else its op_name, form and instruction."""
     return _tag(pair.dot.op_name) or f"{pair.dot.op_name}|{pair.form}|{pair.dot.name}"

@@ -11,7 +11,12 @@ Option names are XLA's `DebugOptions` fields (checked in the installed jaxlib):
 - GPU: `xla_gpu_threshold_for_windowed_einsum_mib` (default 100000, i.e. off; 0 windows every
   einsum) and `xla_gpu_multi_streamed_windowed_einsum` (partial dots on several streams).
 - TPU (libtpu flags): `xla_tpu_enable_windowed_einsum_for_all_gather` and
-  `xla_tpu_enable_windowed_einsum_for_reduce_scatter`.
+  `xla_tpu_enable_windowed_einsum_for_reduce_scatter` (both on by default: XLA:TPU windows einsums
+  above its size threshold in plain jit, which `plain` measures), and
+  `xla_jf_spmd_threshold_for_windowed_einsum_mib` (that threshold; 0 windows every einsum, as the
+  GPU option does). Checked on v5e:2x4 with libtpu 0.0.42: plain jit windows a 8x2048x4096 MLP-up
+  and leaves a 4-D attention output's reduce-scatter; with these options both are windowed; with
+  the first two off neither is (what the pass's analysis compiles with, `hlo.compile`).
 XLA:CPU has no windowed-einsum pass: it accepts the GPU options and ignores them (the compiled
 HLO keeps one all-gather and a dot), so `space` leaves the strategy out on CPU.
 """
@@ -40,9 +45,10 @@ def compiler_options(strategy: Strategy, platform: str) -> dict[str, Any]:
     """XLA compile options for `strategy` on `platform` ({} for everything but xla_windowed)."""
     if strategy.method != "xla_windowed":
         return {}
-    if platform == "tpu":
+    if platform == "tpu":  # on, and below XLA:TPU's own size threshold too
         return {"xla_tpu_enable_windowed_einsum_for_all_gather": True,
-                "xla_tpu_enable_windowed_einsum_for_reduce_scatter": True}
+                "xla_tpu_enable_windowed_einsum_for_reduce_scatter": True,
+                "xla_jf_spmd_threshold_for_windowed_einsum_mib": 0}
     # gpu, and what XLA:CPU accepts and ignores (tests check that it changes nothing there)
     opts: dict[str, Any] = {"xla_gpu_threshold_for_windowed_einsum_mib": 0}
     if strategy.multi_stream:
