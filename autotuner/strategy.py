@@ -154,20 +154,20 @@ _RING_DEFAULTS: dict[str, Any] = {"direction": "uni", "chunks": 1, "unroll": "fu
 
 def parse_choice(strategy: Any, *, callables: bool = True) -> tuple[str, Any]:
     """The `strategy` argument of `overlap` and `collective_einsum(s)`, read in one place:
-    ("auto", None) for "auto" (the client's answer); ("one", Strategy) for "baseline", a Strategy
+    ("auto", None) for "auto" (the client's answer); ("one", Strategy) for "baseline", "plain", a Strategy
     or its dict; ("callable", fn) for a callable `Problem -> Strategy` where `callables` allows it.
     Raises StrategyError for an invalid dict, ValueError for anything else (callers prefix their name)."""
     if isinstance(strategy, str):
         if strategy == "auto":
             return "auto", None
-        if strategy == "baseline":
-            return "one", Strategy.baseline()
+        if strategy in ("baseline", "plain"):
+            return "one", Strategy(strategy)
     elif isinstance(strategy, Strategy):
         return "one", strategy
     elif isinstance(strategy, dict):
         return "one", Strategy.from_dict(strategy)
     elif callables and callable(strategy):
         return "callable", strategy
-    what = "'auto', 'baseline', a Strategy, its dict" + (" or a callable Problem -> Strategy" if callables else "")
+    what = "'auto', 'baseline', 'plain', a Strategy, its dict" + (" or a callable Problem -> Strategy" if callables else "")
     got = repr(strategy) if isinstance(strategy, str) else type(strategy).__name__
     raise ValueError(f"strategy must be {what}, got {got}")

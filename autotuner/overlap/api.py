@@ -99,7 +99,7 @@ from autotuner.overlap.injob import DEFAULT_BUDGET_S, InJob
 from autotuner.overlap.injob import MODES as TUNE_MODES
 from autotuner.overlap.memory import DEFAULT_BOUND, check_bound
 from autotuner.overlap.plan import Memory, Plan, PlanRow, numbered, program_key
-from autotuner.strategy import parse_choice
+from autotuner.strategy import parse_choice, reference
 
 __all__ = ["Overlapped", "OverlapError", "Plan", "PlanRow", "overlap"]
 
@@ -313,7 +313,8 @@ class Overlapped:
                     injob.run(found.sites, evidence)
                 notes[:] = [t for t in notes if not t.startswith("in-job tuning")] + [injob.summary()]
             with cost.timing("reading"):
-                new_actions, new_rows = choose(self.mode, self.chosen, self.client, found.sites, found.rows, evidence)
+                new_actions, new_rows = choose(self.mode, self.chosen, self.client, found.sites, found.rows, evidence,
+                                               reference(platform))
             if injob is not None:
                 new_rows = injob.mark(found.sites, new_rows)
             if n:

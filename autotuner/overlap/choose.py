@@ -24,6 +24,8 @@ from autotuner.rule import (  # auto: a winner applies only if its interval clea
 )
 from autotuner.strategy import Strategy, StrategyError
 
+BASELINE = Strategy.baseline()
+
 
 def _relayout(p: Problem, info: DotInfo) -> str | None:
     """With explicit layouts: why the decomposition would keep a collective outside it."""
@@ -51,12 +53,20 @@ def _valid(problem: Problem | GroupedProblem, s: Strategy) -> str | None:
     return None
 
 
-def _decide(mode: str, chosen: Any, client: Any, site: Site, evidence: dict[str, Any] | None = None
-            ) -> tuple[Strategy, str, float | None, str, bool]:
+def applies(s: Strategy, leave: Strategy) -> bool:
+    """Whether the pass rewrites a pair for `s`: a ring always; the hand-written baseline where the
+    pair left alone is not the baseline (`leave` is plain on TPU, where XLA:TPU may window the pair
+    itself in plain jit: a baseline chosen there is applied, so that XLA does not)."""
+    return s.rewrites or (s.is_baseline and not leave.is_baseline)
+
+
+def _decide(mode: str, chosen: Any, client: Any, site: Site, evidence: dict[str, Any] | None = None,
+            leave: Strategy = BASELINE) -> tuple[Strategy, str, float | None, str, bool]:
     """(strategy, source, predicted speedup, note, keep) for one site's unit (its group, or its
     pair); keep: the gathered value has other users, which the ring's kept copy serves.
     `evidence`: in-program evidence for this program (problem key -> the client's answer), which
-    `auto` prefers to the isolated winner."""
+    `auto` prefers to the isolated winner. `leave`: what a pair the pass leaves alone runs
+    (`autotuner.strategy.reference` of the platform)."""
     from autotuner.runtime.collective import DECISIONS
 
     p = site.unit
@@ -71,23 +81,25 @@ def _decide(mode: str, chosen: Any, client: Any, site: Site, evidence: dict[str,
     elif mode == "callable":
         s, source = _call(chosen, p)
         if isinstance(s, str):
-            s, note = Strategy.baseline(), s
+            s, note = leave, s
     else:
         d = DECISIONS.decide(p, client)
         s, source, speedup = d.strategy, d.source, d.speedup
         ci = d.confidence
-        if not s.is_baseline:
+        if s != leave and (s.rewrites or source in EXACT_SOURCES or not s.is_baseline):
             if source not in EXACT_SOURCES:
-                s, note = Strategy.baseline(), f"{d.strategy.key} is a {source} answer, not tuned: baseline"
+                s, note = leave, f"{d.strategy.key} is a {source} answer, not tuned: {leave.key}"
             elif ci is None or ci[0] <= MIN_SPEEDUP_LO:
-                s, note = Strategy.baseline(), (f"{d.strategy.key}'s speedup interval "
-                                                f"{list(ci) if ci else 'is unknown'}: baseline")
-    if not s.is_baseline:
+                s, note = leave, (f"{d.strategy.key}'s speedup interval "
+                                  f"{list(ci) if ci else 'is unknown'}: {leave.key}")
+        elif s != leave:
+            s = leave   # a default answer (the baseline): the pair stays as the user wrote it
+    if s != leave:
         why = _valid(p, s)
         if why is not None:
-            s, note = Strategy.baseline(), why
+            s, note = leave, why
     keep = False
-    if s.rewrites:
+    if applies(s, leave):
         members = [(site.problem, site.info)] if site.group is None else list(
             zip(site.group.members, site.infos, strict=True))
         why = next((w for q, info in members if (w := _relayout(q, info)) is not None), None)
@@ -100,10 +112,10 @@ def _decide(mode: str, chosen: Any, client: Any, site: Site, evidence: dict[str,
                 why = (f"its all-gather's value is also used by {site.extra_users} other instruction(s) "
                        "(a shared gather), so the gather would stay")
         if why is not None and mode == "auto":
-            s, note = Strategy.baseline(), why + ": baseline"
+            s, note = leave, why + f": {leave.key}"
         elif why is not None:
             note = why
-    return s, source, (speedup if not s.is_baseline else None), note, keep
+    return s, source, (speedup if s != leave else None), note, keep
 
 
 def in_program_note(ev: dict[str, Any]) -> str:
@@ -116,9 +128,10 @@ def in_program_note(ev: dict[str, Any]) -> str:
 
 
 def choose(mode: str, chosen: Any, client: Any, sites: list[Site | None], rows: list[PlanRow],
-           evidence: dict[str, Any] | None = None) -> tuple[dict[str, Action], list[PlanRow]]:
+           evidence: dict[str, Any] | None = None, leave: Strategy = BASELINE
+           ) -> tuple[dict[str, Action], list[PlanRow]]:
     """({tag: Action} to apply, the rows with their choices). The dots of a group get one choice,
-    made for their GroupedProblem. `evidence`: see `_decide`."""
+    made for their GroupedProblem. `evidence`, `leave`: see `_decide`."""
     actions: dict[str, Action] = {}
     out = []
     made: dict[tuple[str, ...], tuple[Strategy, str, float | None, str, bool]] = {}
@@ -137,20 +150,20 @@ def choose(mode: str, chosen: Any, client: Any, sites: list[Site | None], rows: 
             # this dot as it is (a second ring would move the data again); the interpreter hands
             # it over within one jaxpr
             src = made[first[0]][1]
-            made[unit] = (Strategy.baseline(), src, None,
+            made[unit] = (leave, src, None,
                           f"served by the gathered value that the ring of {first[1]} keeps", False)
             served_by[unit] = first[1]
         if unit not in made:
-            made[unit] = _decide(mode, chosen, client, site, evidence)
+            made[unit] = _decide(mode, chosen, client, site, evidence, leave)
             if site.collective and site.collective not in owner and made[unit][0].rewrites:
                 owner[site.collective] = (unit, row.name)
         s, source, speedup, note, keep = made[unit]
-        if s.rewrites:
+        if applies(s, leave):
             actions[site.tag] = Action(site.unit, s, site.tags, keep=keep, strict=keep and mode == "auto")
         if row.note and note:
             note = f"{row.note}; {note}"
         out.append(replace(row, strategy=s, source=source, speedup=speedup, note=note or row.note,
-                           served_by=served_by.get(unit, "")))
+                           served_by=served_by.get(unit, ""), left=leave.method))
     return actions, out
 
 

@@ -30,6 +30,8 @@ class PlanRow:
     kept_bytes: int = 0       # bytes per device this pair's ring keeps alive for its gather's other users
     xla: str = ""             # what plain jit's compiler does with the pair itself: "windowed" (XLA:TPU's
     #                           windowed einsum, on by default above its size threshold), else ""
+    left: str = "baseline"    # what a pair left alone runs: baseline, or plain where the compiler may
+    #                           decompose it itself (TPU); a baseline chosen there is applied
 
     @property
     def key(self) -> str | None:
@@ -37,7 +39,8 @@ class PlanRow:
 
     @property
     def applied(self) -> bool:
-        return self.strategy.rewrites
+        """Whether the pass rewrote this pair (`overlap.choose.applies`)."""
+        return self.strategy.rewrites or (self.strategy.is_baseline and self.left != "baseline")
 
     @property
     def saving(self) -> float | None:
@@ -46,7 +49,7 @@ class PlanRow:
 
     def unapplied(self, why: str) -> PlanRow:
         """This pair left as plain jit, and why."""
-        return replace(self, strategy=Strategy.baseline(), note=why)
+        return replace(self, strategy=Strategy(self.left), note=why)
 
 
 @dataclass(frozen=True)
