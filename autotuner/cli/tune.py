@@ -151,7 +151,7 @@ def tune(
             if ts.estimates:
                 err.print(ESTIMATED + ": every candidate is compiled for the target, nothing runs; "
                           "--reps, --precision and --aa do not apply", highlight=False)
-                reps, aa, precision = 1, False, 0.0
+                reps, aa, precision = 1, False, 0.0   # measure.aot.ESTIMATE_SESSION
             elif not exhaustive:
                 say_model(database, ts.device)
             for name, problem in items:

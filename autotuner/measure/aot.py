@@ -32,6 +32,11 @@ PLATFORMS = ("tpu",)
 INSTALL = 'pip install "jax[tpu]==<the installed jax version>" (jax\'s tpu extra brings the matching libtpu)'
 
 
+# how a session on this target runs: an estimate is one number, so one "repetition", no A/A twin,
+# no repetitions for precision (`tune` and the search both apply it)
+ESTIMATE_SESSION = {"reps": 1, "aa": False, "precision": None}
+
+
 class AotError(AutotunerError, ValueError):
     pass
 

@@ -223,6 +223,10 @@ def tune_problem(ts: Any, database: Any, problem: Problem, *, trials: int = 24, 
     from db import repository as repo
 
     t0 = time.monotonic()
+    if getattr(ts, "estimates", False):   # a compile-only target (the worker's too): one estimate a candidate
+        from autotuner.measure.aot import ESTIMATE_SESSION
+
+        reps, aa, precision = ESTIMATE_SESSION["reps"], ESTIMATE_SESSION["aa"], ESTIMATE_SESSION["precision"]
     lease_s = get_settings().trial_lease_seconds  # a RUNNING trial untouched this long: dead worker
     url = db_url or str(database.url)
     device = ts.device

@@ -36,16 +36,18 @@ PARAM_AXES = {"heads": "model", "neurons": "model"}
 ACTIVATION_AXES = {"batch": "data", "seq": "model"}
 
 
-def _config(sz: meshes.Size) -> ll.LlamalikeTransformerConfig:
+def _config(sz: meshes.Size, dtype: str = "float32") -> ll.LlamalikeTransformerConfig:
     return ll.LlamalikeTransformerConfig(
         num_kv_heads=sz.heads, query_head_multiplier=1, embedding_dim=sz.hidden,
         projection_dim=sz.head_dim, mlp_hidden_dim=sz.mlp, num_decoder_blocks=sz.layers,
-        vocab_size=sz.vocab, mlp_variant="swiglu", tie_embedder_and_logits=False)
+        vocab_size=sz.vocab, mlp_variant="swiglu", tie_embedder_and_logits=False,
+        parameter_dtype=jnp.dtype(dtype), activation_dtype=jnp.dtype(dtype))
 
 
-def build(mesh: Mesh, sp: bool, sz: meshes.Size = meshes.TINY) -> tuple[Any, Any]:
-    """(the model with its parameters unbound, the parameters placed on `mesh`)."""
-    model = ll.build_llamalike_transformer(_config(sz), init_base_rng=jax.random.key(0))
+def build(mesh: Mesh, sp: bool, sz: meshes.Size = meshes.TINY, dtype: str = "float32") -> tuple[Any, Any]:
+    """(the model with its parameters unbound, the parameters placed on `mesh`); `dtype`: penzai's
+    parameter and activation dtype (its config's own fields)."""
+    model = ll.build_llamalike_transformer(_config(sz, dtype), init_base_rng=jax.random.key(0))
     if sp:
         constrain = sharding_util.ConstrainShardingByName(mesh, ACTIVATION_AXES)
         model = (pz.select(model)
@@ -70,12 +72,14 @@ def forward(mesh: Mesh | None = None, sp: bool = False) -> tuple[Callable[..., A
     return jax.jit(_logits(unbound)), (params, meshes.tokens(mesh))
 
 
-def train_step(mesh: Mesh | None = None, sp: bool = False, **size: int) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+def train_step(mesh: Mesh | None = None, sp: bool = False, dtype: str = "float32",
+               **size: int) -> tuple[Callable[..., Any], tuple[Any, ...]]:
     """(jitted step(params, opt_state, tokens) -> (params, opt_state, loss), its arguments);
-    `size`: `meshes.Size`'s fields (layers, hidden, heads, mlp, vocab, batch, seq)."""
+    `size`: `meshes.Size`'s fields (layers, hidden, heads, mlp, vocab, batch, seq); `dtype` the
+    model's parameters and activations (e.g. bfloat16, as TPU training runs)."""
     mesh = data_model_mesh(mesh)
     sz = meshes.size(**size)
-    unbound, params = build(mesh, sp, sz)
+    unbound, params = build(mesh, sp, sz, dtype)
     logits = _logits(unbound)
     opt = optax.adamw(1e-3)
 
