@@ -9,8 +9,8 @@ in-job answers (`autotuner.runtime.answers`) all decide with this one function.
    `MIN_SPEEDUP_LO` (1.0): noise never wins. An estimate has no interval; its point is its lower
    end, so on an estimate target a strategy wins if it is estimated faster at all.
 3. A winner is only a winner over `plain` too: where plain was measured beside a baseline
-   reference, a decomposition's lower end must also clear plain's upper end (`plain` itself may
-   win over the baseline, meaning: leave the program to the compiler).
+   reference, a decomposition's lower end must also clear plain's ratio, as it clears the
+   reference's (1.0) (`plain` itself may win over the baseline: leave the pair to the compiler).
 4. Among those, the highest ratio wins (ties: the higher lower end, then the earlier evidence).
 """
 
@@ -58,7 +58,7 @@ def choose(evidence: Sequence[Evidence], reference: str) -> int | None:
     it was gathered (the earlier wins a tie)."""
     floor = MIN_SPEEDUP_LO
     if reference != "plain":
-        plain = [e.hi for e in evidence if e.method == "plain" and _finite(e.hi)]
+        plain = [e.ratio for e in evidence if e.method == "plain" and _finite(e.ratio)]
         plain_floor = max([floor, *plain])
     else:
         plain_floor = floor

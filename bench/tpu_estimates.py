@@ -33,6 +33,9 @@ import tempfile
 from typing import Any
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from autotuner.strategy import Strategy  # noqa: E402
+
 TOPOLOGIES = ("v4:2x2x1", "v5e:2x4", "v5p:2x2x1", "v6e:2x2")
 
 
@@ -56,9 +59,9 @@ def _ms(c: dict[str, Any] | None) -> str:
 def table(target: str, rows: list[dict[str, Any]]) -> None:
     print(f"\n### {target} — estimated (XLA:TPU compile, no TPU)\n")
     print("| problem | plain ms | xla_windowed ms | baseline ms | best ring | ms | plain / best | "
-          "temp MB plain -> best | overlapped / async | hidden |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    wins = wins5 = windowed = failed = compiled = n = 0
+          "temp MB plain -> best | overlapped / async | hidden | winner (x plain) |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    wins = wins5 = windowed = failed = compiled = n = beaten = 0
     for r in rows:
         cands = {c["key"]: c for c in r.get("candidates") or []}
         if "plain" not in cands:
@@ -78,11 +81,15 @@ def table(target: str, rows: list[dict[str, Any]]) -> None:
         temp = (f"{(plain['temp_bytes'] or 0) / 1e6:.1f} -> {(best['temp_bytes'] or 0) / 1e6:.1f}" if best else "-")
         ov = f"{best['overlapped_collectives']} / {best['async_collectives']}" if best else "-"
         hid = f"{best['hidden_fraction'] * 100:.0f}%" if best and best.get("hidden_fraction") is not None else "-"
+        won = Strategy.from_dict(r["winner"]).key if r.get("winner") else "-"
+        beaten += won not in ("plain", "-")
         print(f"| {r['name']} | {_ms(plain)} | {_ms(forced)} | {_ms(base)} | {best['key'] if best else '-'} | "
-              f"{_ms(best)} | {f'{ratio:.3f}x' if ratio else '-'} | {temp} | {ov} | {hid} |")
-    print(f"\nour best ring's estimate beats plain jit (XLA's default) on {wins} of {n} problems "
-          f"({wins5} by more than 5%); forcing XLA's windowed einsum beats its default on {windowed}; "
-          f"{compiled} candidates compiled, {failed} did not (each with XLA:TPU's reason in the JSON)")
+              f"{_ms(best)} | {f'{ratio:.3f}x' if ratio else '-'} | {temp} | {ov} | {hid} | "
+              f"{won} ({r['speedup']:.3f}x) |")
+    print(f"\nthe winner (the best estimate over plain jit, XLA's default) is another program on {beaten} of "
+          f"{n} problems; our best ring's estimate beats plain on {wins} ({wins5} by more than 5%); forcing "
+          f"XLA's windowed einsum beats its default on {windowed}; {compiled} candidates compiled, {failed} did "
+          "not (each with XLA:TPU's reason in the JSON)")
     for r in rows:
         for c in r.get("candidates") or []:
             if not c["compiled"]:
@@ -90,47 +97,46 @@ def table(target: str, rows: list[dict[str, Any]]) -> None:
 
 
 def calibrate() -> None:
-    code = """
-import json, re
-from autotuner.measure.aot import AotSpec, topology_devices, mesh_on
-import jax, jax.numpy as jnp
-from jax.sharding import NamedSharding, PartitionSpec as P
-from autotuner.hlo.chips import chip_for
-from autotuner.hlo.schedule import estimate, placement_of
-n = 8192
-for topo in %r:
-    devs = topology_devices(AotSpec.parse("aot:tpu:" + topo))
-    chip = chip_for(devs[0].device_kind)
-    mesh = mesh_on(devs, (1,), ("x",))
-    a = jax.ShapeDtypeStruct((n, n), jnp.bfloat16, sharding=NamedSharding(mesh, P()))
-    c = jax.jit(lambda x, y: x @ y).lower(a, a).compile()
-    e = estimate(c.as_text(), chip, placement_of(list(mesh.devices.flat)))
-    peak = chip.peak_flops / (chip.cores if devs[0].device_kind == "TPU v4" else 1)
-    cost = c.cost_analysis(); cost = cost if isinstance(cost, dict) else cost[0]
-    print(json.dumps({"topology": topo, "clock_ghz": chip.clock_hz / 1e9, "clock_source": chip.clock_source,
-                      "peak_fraction": 2 * n ** 3 / e.compute_s / peak,
-                      "compute_over_optimal_seconds": e.compute_s / cost["optimal_seconds"]}))
-""" % (TOPOLOGIES,)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("XLA_")}
-    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
-    if r.returncode:
-        sys.exit(r.stderr[-3000:])
+    from autotuner.measure.aot import AotSpec, mesh_on, topology_devices
+
+    rows = []
+    for topo in TOPOLOGIES:
+        devs = topology_devices(AotSpec.parse("aot:tpu:" + topo))   # before jax starts: libtpu's settings
+        import jax
+        import jax.numpy as jnp
+        from jax.sharding import NamedSharding
+        from jax.sharding import PartitionSpec as P
+
+        from autotuner.hlo.chips import chip_for
+        from autotuner.hlo.schedule import estimate, placement_of
+
+        n = 8192
+        chip = chip_for(devs[0].device_kind)
+        mesh = mesh_on(devs, (1,), ("x",))
+        a = jax.ShapeDtypeStruct((n, n), jnp.bfloat16, sharding=NamedSharding(mesh, P()))
+        compiled = jax.jit(lambda x, y: x @ y).lower(a, a).compile()
+        e = estimate(compiled.as_text(), chip, placement_of(list(mesh.devices.flat)))
+        peak = chip.peak_flops / (chip.cores if devs[0].device_kind == "TPU v4" else 1)  # v4: a core a device
+        cost = compiled.cost_analysis()
+        cost = cost if isinstance(cost, dict) else cost[0]
+        rows.append((topo, chip, 2 * n ** 3 / e.compute_s / peak, e.compute_s / cost["optimal_seconds"]))
     print("| generation | clock | source | XLA's 8192^3 bf16 matmul estimate at that clock | our compute / XLA's optimal_seconds |")
     print("|---|---|---|---|---|")
-    for line in r.stdout.splitlines():
-        d = json.loads(line)
-        print(f"| {d['topology']} | {d['clock_ghz']:.2f} GHz | {d['clock_source']} | "
-              f"{d['peak_fraction'] * 100:.1f}% of peak | {d['compute_over_optimal_seconds']:.3f} |")
+    for topo, chip, frac, over in rows:
+        print(f"| {topo} | {chip.clock_hz / 1e9:.2f} GHz | {chip.clock_source} | {frac * 100:.1f}% of peak | {over:.3f} |")
 
 
 def spearman(lab: str, aot: str) -> None:
     from scipy.stats import spearmanr
+
+    names: dict[str, str] = {}
 
     def load(path: str) -> dict[str, dict[str, float]]:
         out = {}
         for line in open(path):
             if line.strip():
                 r = json.loads(line)
+                names[r["key"]] = r["name"]
                 out[r["key"]] = {c["key"]: c.get("median_s") or c.get("estimated_s") for c in r.get("candidates") or []
                                  if (c.get("median_s") or c.get("estimated_s"))}
         return out
@@ -138,11 +144,11 @@ def spearman(lab: str, aot: str) -> None:
     a, b = load(lab), load(aot)
     print("| problem | candidates | Spearman (first file's times vs the second's) |")
     print("|---|---|---|")
-    for key in a.keys() & b.keys():
+    for key in sorted(a.keys() & b.keys(), key=lambda k: names[k]):
         common = sorted(a[key].keys() & b[key].keys())
         if len(common) >= 3:
             rho = spearmanr([a[key][k] for k in common], [b[key][k] for k in common]).statistic
-            print(f"| {key[:12]} | {len(common)} | {rho:.3f} |")
+            print(f"| {names[key]} | {len(common)} | {rho:.3f} |")
 
 
 def main() -> None:
@@ -154,7 +160,13 @@ def main() -> None:
     ap.add_argument("--json", help="also write every row to this JSONL file")
     ap.add_argument("--calibrate", action="store_true")
     ap.add_argument("--spearman", nargs=2, metavar=("FIRST", "SECOND"))
+    ap.add_argument("--table", metavar="JSONL", help="print the tables of rows a --json run wrote, per device")
     args = ap.parse_args()
+    if args.table:
+        rows = [json.loads(x) for x in open(args.table) if x.strip()]
+        for topo in dict.fromkeys(r["device"]["topology"] for r in rows):
+            table(topo, [r for r in rows if r["device"]["topology"] == topo])
+        return
     if args.calibrate:
         calibrate()
         return

@@ -22,7 +22,7 @@ def relay(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
     import jax
     import numpy as np
     from jax.extend import core as jcore
-    from jax.sharding import AbstractMesh, Mesh, NamedSharding
+    from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
 
     from autotuner.measure.aot import mesh_on
 
@@ -46,9 +46,9 @@ def relay(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
             return jcore.ClosedJaxpr(swap(v.jaxpr), [_host(c) for c in v.consts])
         if isinstance(v, jcore.Jaxpr):
             return swap(v)
-        if isinstance(v, tuple):
+        if type(v) is tuple:   # a plain tuple of shardings or jaxprs (a NamedTuple is a parameter record)
             return tuple(moved(x) for x in v)
-        if isinstance(v, list):
+        if type(v) is list:
             return [moved(x) for x in v]
         return v
 
@@ -100,10 +100,14 @@ def relay(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any],
     out_tree = jax.tree.structure(shapes)
 
     def abstract(x: Any) -> Any:
-        sh = getattr(x, "sharding", None)
+        """An argument as an abstract value on the target: its layout moved with its mesh; one on
+        a single device (an optimizer's step count) replicated over the target's mesh."""
         if not hasattr(x, "shape") or not hasattr(x, "dtype"):
             return x
-        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=moved(sh) if sh is not None else None)
+        sh = moved(getattr(x, "sharding", None))
+        if not (isinstance(sh, NamedSharding) and sh.mesh in (dst, abstract_dst)):
+            sh = NamedSharding(dst, PartitionSpec())
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sh)
 
     def relaid(*a: Any, **k: Any) -> Any:
         out = jax.core.eval_jaxpr(jaxpr, consts, *jax.tree.leaves((a, k)))

@@ -386,6 +386,20 @@ class TestRepositoryContract:
             with pytest.raises(NotFoundError):
                 repo.recompute_winner(s, 10_000, p.id)
 
+    def test_a_tpu_devices_reference_is_plain(self, database: Database) -> None:
+        plain = {"method": "plain"}
+        with database.session() as s:
+            tpu, cpu, p = add_device(s, "dev-tpu", platform="tpu"), add_device(s, "dev-cpu"), add_problem(s)
+            ms = [item(plain, ratio=1.0, lo=1.0, hi=1.0), item(BASELINE, ratio=0.8, lo=0.8, hi=0.8),
+                  item(RING, ratio=0.9, lo=0.9, hi=0.9)]
+            repo.record_measurements(s, tpu.id, p.id, ms)
+            repo.record_measurements(s, cpu.id, p.id, [item(BASELINE), item(plain, ratio=1.3, lo=1.1, hi=1.5),
+                                                       item(RING, ratio=1.25, lo=1.2, hi=1.3)])
+            on_tpu, on_cpu = repo.recompute_winner(s, tpu.id, p.id), repo.recompute_winner(s, cpu.id, p.id)
+        assert on_tpu is not None and on_tpu.strategy == plain and on_tpu.speedup == 1.0   # nothing beats plain
+        # elsewhere the baseline is the reference; the ring clears 1 but not plain's 1.3: plain wins
+        assert on_cpu is not None and on_cpu.strategy == plain and on_cpu.speedup == 1.3
+
     def test_recompute_accepts_another_rule(self, database: Database) -> None:
         def fastest(ms: Any, reference: str) -> WinnerChoice:
             best = min((m for m in ms if m.status == "ok"), key=lambda m: m.median_s)

@@ -1,0 +1,37 @@
+"""The one winner rule (`autotuner.rule`), as the database, the service and in-job answers use it."""
+
+from __future__ import annotations
+
+from autotuner.rule import MIN_SPEEDUP_LO, Evidence, choose, reference_method
+
+
+def ev(method: str, ratio: float | None, lo: float | None = None, hi: float | None = None) -> Evidence:
+    return Evidence(method, ratio, lo if lo is not None else ratio, hi if hi is not None else ratio)
+
+
+def test_the_reference_is_plain_on_tpu_and_the_baseline_elsewhere():
+    assert reference_method("tpu") == "plain"
+    assert [reference_method(p) for p in ("cpu", "gpu", None)] == ["baseline"] * 3
+    assert MIN_SPEEDUP_LO == 1.0
+
+
+def test_noise_never_wins_and_the_best_ratio_does():
+    assert choose([ev("baseline", 1.0), ev("ring", 1.3, 0.95, 1.6)], "baseline") is None
+    got = choose([ev("baseline", 1.0), ev("ring", 1.2, 1.05), ev("ring", 1.4, 1.01), ev("ring", 1.4, 1.1)], "baseline")
+    assert got == 3                                   # the highest ratio, its lower end breaking the tie
+    assert choose([ev("ring", 1.4, 1.1), ev("ring", 1.4, 1.1)], "baseline") == 0   # then the earlier
+
+
+def test_a_winner_clears_plain_where_plain_was_measured_beside_the_baseline():
+    # plain measured 1.2x the baseline: a ring whose interval starts at 1.1 does not beat it
+    assert choose([ev("plain", 1.2, 0.9, 1.5), ev("ring", 1.3, 1.1)], "baseline") is None
+    assert choose([ev("plain", 1.2, 0.9, 1.5), ev("ring", 1.3, 1.21)], "baseline") == 1
+    # plain itself may win over the baseline (leave the pair to the compiler), by the reference's floor
+    assert choose([ev("plain", 1.2, 1.05), ev("ring", 1.15, 1.1)], "baseline") == 0
+
+
+def test_on_tpu_plain_is_the_reference_and_estimates_win_when_faster_at_all():
+    assert choose([ev("plain", 1.0), ev("baseline", 1.5), ev("ring", 1.2)], "plain") == 1   # the hand gather wins
+    assert choose([ev("plain", 1.0), ev("ring", 0.97), ev("baseline", 0.99)], "plain") is None
+    # a failed ratio (None, nan) is never a winner
+    assert choose([ev("ring", None), ev("ring", float("nan"), 1.2)], "plain") is None
