@@ -240,11 +240,21 @@ def run_session(runner: Runner, problem: Problem, strategies: Sequence[Strategy]
                          time.perf_counter() - t_start, aa=twin_c, aa_width=width, stop=stop)
 
 
+# the programs that are some platform's reference (`autotuner.strategy.reference`)
+REFERENCES = ("baseline", "plain")
+
+
 def _timed(cands: list[Candidate], live: list[int], twin: int | None) -> dict[int, list[float]]:
-    """The candidates still timed (the baseline and the twin aside); in an A/A session, where
-    nothing else is left, the twin itself, so that it is its CI that narrows."""
+    """The candidates still timed (the reference and the twin aside); in an A/A session, where
+    nothing else is left, the twin itself, so that it is its CI that narrows. The other
+    reference (plain beside the baseline, or the baseline beside plain) keeps its fixed
+    repetitions: it is there to be compared with, and as close to the reference as it usually is,
+    its interval would keep every session repeating to its budget for a choice that rewrites
+    nothing."""
+    ref = cands[0].strategy.get("method")
     timed = {i: cands[i].samples for i in live
-             if i not in (0, twin) and cands[i].status == "ok" and not cands[i].pruned}
+             if i not in (0, twin) and cands[i].status == "ok" and not cands[i].pruned
+             and (cands[i].strategy.get("method") not in REFERENCES or cands[i].strategy.get("method") == ref)}
     if not timed and twin is not None and cands[twin].status == "ok":
         timed = {twin: cands[twin].samples}
     return timed

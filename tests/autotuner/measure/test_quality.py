@@ -150,3 +150,36 @@ def test_adaptive_repetitions_end_with_the_time_budget():
                     precision=Precision(target=1e-9, seconds=0.5, max_reps=100000))
     assert s.stop == BUDGET and s.reps > 3     # an A/A session narrows the twin's CI itself
     assert s.baseline.n == s.aa.n == s.reps
+
+
+class _Clock:
+    """A runner with made-up times (no JAX): the harness's decisions on known samples. Program
+    index -> (median seconds, relative noise); the noise is seeded, so every run is the same."""
+
+    estimates = False
+
+    def __init__(self, times: dict[int | str, tuple[float, float]]) -> None:
+        self.times, self.rng, self.calls = times, np.random.default_rng(7), {}
+
+    def prepare(self, problem, strategies, parts=True):
+        return [{"ok": True, "reason": None, "compile_s": 0.0, "memory": None, "rel_error": 0.0}
+                for _ in strategies]
+
+    def time(self, program):
+        self.calls[program] = self.calls.get(program, 0) + 1
+        center, noise = self.times[program]
+        return center * (1 + self.rng.normal(0, noise))
+
+
+def test_the_other_reference_keeps_its_fixed_repetitions_and_does_not_hold_the_session_open():
+    """Plain beside the baseline (as close to it as it usually is) is timed the fixed repetitions
+    only: with every ring surely slower the session is decided then, not run to its budget for a
+    choice between two programs that rewrite nothing."""
+    p = Problem.from_dict(PROBLEM)
+    ring = next(s for s in space(p) if s.method == "ring")
+    clock = _Clock({0: (1.0, 0.02), 1: (2.0, 0.01), 2: (1.0, 0.02)})   # baseline, a slow ring, plain
+    s = run_session(clock, p, [Strategy.baseline(), ring, Strategy.plain()], reps=5, parts=False,
+                    precision=Precision(target=0.001, seconds=600))
+    assert s.stop == DECIDED and s.reps == 5
+    plain = next(c for c in s.candidates if c.key == "plain")
+    assert plain.n == 5 and plain.ratio_lo is not None and plain.ratio_lo < 1 < plain.ratio_hi
