@@ -50,7 +50,7 @@ def test_extract_then_tune_every_problem(tmp_path: Path, module: str, library: s
     if factory.startswith("train_step"):   # the weight gradients: skipped, each with its reason
         assert r.stderr.count("needs an all-reduce over data") == 14
 
-    r = run(["tune", "--problems", str(problems), "--target", "inproc:4", "--trials", "2", "--reps", "3",
+    r = run(["tune", "--problems", str(problems), "--target", "inproc:4", "--trials", "2", "--reps", "3", "--precision", "0",
              "--json", "--db", f"sqlite:///{tmp_path / 'a.db'}"])
     assert "Traceback" not in r.stderr, r.stderr[-3000:]
     assert r.returncode == 0, r.stderr[-3000:]

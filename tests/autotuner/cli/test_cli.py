@@ -44,7 +44,7 @@ def test_tune_exhaustive_json_and_database(tmp_path):
         assert set(line) >= {"key", "problem", "device", "winner", "speedup", "baseline_s", "winner_s",
                              "bound_s", "efficiency", "trials", "seconds", "failed"}
         assert line["device"]["topology"] == "inproc" and line["device"]["num_devices"] == 2
-        assert line["failed"] == 0 and line["winner"]["method"] in ("baseline", "ring")
+        assert line["failed"] == 0 and line["winner"]["method"] in ("baseline", "plain", "ring")
     assert "tuned" in r.stderr                                  # the summary table
     db = tmp_path / "autotuner.db"
     assert rows(db, "select count(*) from winners") == [(2,)]

@@ -179,24 +179,25 @@ def test_the_pass_plans_abstract_arguments_on_a_tpu_mesh_and_says_what_xla_windo
     def arg(d: dict, side: str) -> jax.ShapeDtypeStruct:
         return jax.ShapeDtypeStruct(tuple(d[side]["shape"]), jnp.bfloat16, sharding=NamedSharding(mesh, P(*d[side]["spec"])))
 
-    def step(x, w, a, v):   # the MLP up-projection (XLA windows it) and the attention output (it does not)
-        up = jnp.einsum("bsd,df->bsf", x, w, out_sharding=NamedSharding(mesh, P(None, None, "x")))
+    def step(x, w, a, v):   # an MLP up-projection (XLA windows it) and an attention output (it does not)
+        up = jnp.einsum("sd,df->sf", x, w, out_sharding=NamedSharding(mesh, P(None, "x")))
         out = jnp.einsum("bshk,hkd->bsd", a, v, out_sharding=NamedSharding(mesh, P(None, "x", None)))
         return up.sum() + out.sum()
 
-    args = (arg(MLP_UP, "lhs"), arg(MLP_UP, "rhs"), arg(ATTN_OUT, "lhs"), arg(ATTN_OUT, "rhs"))
+    up = {"lhs": {"shape": [2048, 1024], "spec": ["x", None]}, "rhs": {"shape": [1024, 6144], "spec": [None, "x"]}}
+    attn = {"lhs": {"shape": [2, 512, 16, 64], "spec": [None, None, "x", None]},
+            "rhs": {"shape": [16, 64, 1024], "spec": ["x", None, None]}}
+    args = (arg(up, "lhs"), arg(up, "rhs"), arg(attn, "lhs"), arg(attn, "rhs"))
     plan = overlap(step, strategy="plain").plan(*args)
     by_eq = {r.name: r for r in plan}
-    assert by_eq["bsd,df->bsf"].xla == "windowed" and by_eq["bshk,hkd->bsd"].xla == ""
+    assert by_eq["sd,df->sf"].xla == "windowed" and by_eq["bshk,hkd->bsd"].xla == ""
     assert not any(r.applied for r in plan) and {r.strategy.key for r in plan} == {"plain"}
     assert plan.memory.plain_bytes is not None and plan.memory.plain_bytes > 0   # plain jit's own temp bytes on the target
     # on TPU the hand-written baseline is a choice of its own, applied (XLA then does not window the pair)
     base = overlap(step, strategy="baseline", memory=None).plan(*args)
     assert all(r.applied and r.strategy.is_baseline for r in base)
-    assert base.memory.overlapped_bytes > plan.memory.plain_bytes   # the gathered operand, whole, as README's 128 MB
-    ring = Strategy("ring", "uni", 1, 1, "loop", True)
-    forced = overlap(step, strategy=ring, memory=None).plan(*args)
-    assert all(r.applied for r in forced) and forced.memory.overlapped_bytes is not None
+    assert base.memory.plain_bytes == plan.memory.plain_bytes and base.memory.overlapped_bytes is not None
+    assert {r.name: r.xla for r in base} == {r.name: r.xla for r in plan}   # what plain jit would do, still said
 
 
 def test_plan_and_extract_take_an_aot_target(tpu_devices, tmp_path: Path):
