@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import logging
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from autotuner.errors import AutotunerError
@@ -88,11 +89,11 @@ _CLOSE = {"(": ")", "[": "]", "{": "}"}
 _SPECIAL = re.compile(r"[\"'\\()\[\]{},]")   # the characters the scanners below act on
 
 
-def _match(text: str, i: int) -> int:
-    """Index just past the bracket that closes the one at text[i] (quotes respected)."""
-    stack: list[str] = []
+def _structural(text: str, start: int = 0) -> Iterator[tuple[int, str]]:
+    """(index, character) of each bracket and comma of `text` from `start` that is outside quotes
+    (a backslash escapes the next character inside quotes): what both scanners below act on."""
     quote, skip = None, -1
-    for m in _SPECIAL.finditer(text, i):
+    for m in _SPECIAL.finditer(text, start):
         j = m.start()
         if j == skip:
             continue
@@ -104,7 +105,15 @@ def _match(text: str, i: int) -> int:
                 quote = None
         elif c in "\"'":
             quote = c
-        elif c in _CLOSE:
+        else:
+            yield j, c
+
+
+def _match(text: str, i: int) -> int:
+    """Index just past the bracket that closes the one at text[i] (quotes respected)."""
+    stack: list[str] = []
+    for j, c in _structural(text, i):
+        if c in _CLOSE:
             stack.append(_CLOSE[c])
         elif stack and c == stack[-1]:
             stack.pop()
@@ -116,20 +125,9 @@ def _match(text: str, i: int) -> int:
 def _split_top(text: str) -> list[str]:
     """Split on commas not nested in brackets or quotes."""
     out: list[str] = []
-    depth, quote, skip, start = 0, None, -1, 0
-    for m in _SPECIAL.finditer(text):
-        i = m.start()
-        if i == skip:
-            continue
-        c = text[i]
-        if quote:
-            if c == "\\":
-                skip = i + 1
-            elif c == quote:
-                quote = None
-        elif c in "\"'":
-            quote = c
-        elif c in "([{":
+    depth, start = 0, 0
+    for i, c in _structural(text):
+        if c in "([{":
             depth += 1
         elif c in ")]}":
             depth -= 1

@@ -13,7 +13,7 @@ Offsets below are block offsets relative to the device: block (i + off) mod n.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -62,16 +62,6 @@ class _AG:
                                                       allow_negative_indices=False)
         return out
 
-    def step(self, bufs: list[jax.Array], y: jax.Array, b: Any,
-             send: Callable[[list[jax.Array]], list[jax.Array]] | None):
-        """One ring step, of block `b`: the transfer of `bufs` (if any) and their partial einsums,
-        in the order the strategy asks for. Returns (received buffers, partial results)."""
-        nxt = send(bufs) if send is not None and self.s.send_first else None
-        parts = [self.partial(buf, y, b, k) for k, buf in enumerate(bufs)]
-        if send is not None and not self.s.send_first:
-            nxt = send(bufs)
-        return nxt, parts
-
     def assemble(self, by_offset: list[jax.Array], i: Any, out_dtype: Any) -> jax.Array:
         """fuse='after': `by_offset` stacks the chunk results as [offset 0..n-1, chunk, ...]."""
         stacked = jnp.concatenate(by_offset, axis=0)
@@ -97,31 +87,69 @@ class _AG:
             shape[self.odim] = self.blk * self.n
         return jnp.zeros(shape, dtype)
 
+
+class Ring:
+    """The ring loop of one gathered operand X, driving the partial einsums of every member's
+    pieces (`_AG`, or `grouped._Keep`, which collects X itself): a single problem's ring is a ring
+    of one member (`local_ring`), a GroupedProblem's has one per einsum (`grouped.local_ring`).
+    `uni`/`bidi` take X and one other operand per member and return one result per member."""
+
+    def __init__(self, ags: Sequence[_AG], s: Strategy):
+        self.s = s
+        self.ags = list(ags)
+        a0 = self.ags[0]
+        self.n, self.lay, self.xdim, self.cs = a0.n, a0.lay, a0.xdim, a0.cs
+
+    def step(self, bufs: list[jax.Array], ws: Sequence[jax.Array], b: Any,
+             send: Callable[[list[jax.Array]], list[jax.Array]] | None):
+        """One ring step, of block `b`: the shared buffers' transfer and every member's partial
+        einsums of them."""
+        nxt = send(bufs) if send is not None and self.s.send_first else None
+        parts = [[ag.partial(buf, w, b, k) for k, buf in enumerate(bufs)] for ag, w in zip(self.ags, ws, strict=True)]
+        if send is not None and not self.s.send_first:
+            nxt = send(bufs)
+        return nxt, parts
+
+    def absorb(self, outs: Sequence[jax.Array], parts: list[list[jax.Array]], b: Any) -> tuple:
+        return tuple(ag.absorb(o, p, b) for ag, o, p in zip(self.ags, outs, parts, strict=True))
+
+    def init_outs(self, x: jax.Array, ws: Sequence[jax.Array]) -> tuple:
+        return tuple(ag.init_out(x, w) for ag, w in zip(self.ags, ws, strict=True))
+
+    def done(self, outs: Sequence[jax.Array]) -> tuple[jax.Array, ...]:
+        return tuple(o.astype(self.lay.dtype) for o in outs)
+
+    @staticmethod
+    def stacked(parts: list[list[jax.Array]]) -> tuple[jax.Array, ...]:
+        return tuple(jnp.stack(p) for p in parts)
+
     # -- programs -------------------------------------------------------------------------------
-    def uni(self, x: jax.Array, y: jax.Array) -> jax.Array:
+    def uni(self, x: jax.Array, *ws: jax.Array) -> tuple[jax.Array, ...]:
         n, s, lay = self.n, self.s, self.lay
         i = lax.axis_index(lay.axis)
         at = Blocks(i, n)
         bufs = split(x, s.chunks, self.xdim)
         send = lambda b: lay.send(b, lay.left())  # noqa: E731 - device j receives block j+1+t
         loop = s.fuse == "loop"
-        out0 = self.init_out(x, y) if loop else None
+        outs0 = self.init_outs(x, ws) if loop else None
 
         def body(carry, t):
-            bufs, out = carry
-            nxt, parts = self.step(bufs, y, at(t), send)
+            bufs, outs = carry
+            nxt, parts = self.step(bufs, ws, at(t), send)
             if loop:
-                return (nxt, self.absorb(out, parts, at(t))), None
-            return (nxt, out), jnp.stack(parts)
+                return (nxt, self.absorb(outs, parts, at(t))), None
+            return (nxt, outs), self.stacked(parts)
 
-        (bufs, out), ys = run_loop(body, (bufs, out0), 0, n - 1, s.unroll)
-        _, parts = self.step(bufs, y, at(n - 1), None)
+        (bufs, outs), ys = run_loop(body, (bufs, outs0), 0, n - 1, s.unroll)
+        _, parts = self.step(bufs, ws, at(n - 1), None)
         if loop:
-            return self.absorb(out, parts, at(n - 1)).astype(lay.dtype)
-        return self.assemble(ys + [jnp.stack(parts)[None]], i, lay.dtype)
+            return self.done(self.absorb(outs, parts, at(n - 1)))
+        last = self.stacked(parts)
+        return tuple(ag.assemble([y[m] for y in ys] + [last[m][None]], i, lay.dtype)
+                     for m, ag in enumerate(self.ags))
 
-    def bidi(self, x: jax.Array, y: jax.Array) -> jax.Array:
-        n, s, lay = self.n, self.s, self.lay
+    def bidi(self, x: jax.Array, *ws: jax.Array) -> tuple[jax.Array, ...]:
+        n, s, lay, k = self.n, self.s, self.lay, len(self.ags)
         h, even = (n - 1) // 2, n % 2 == 0
         i = lax.axis_index(lay.axis)
         at = Blocks(i, n)
@@ -132,64 +160,65 @@ class _AG:
             """Right-moving buffers hold block i-t, left-moving ones block i+t."""
             sr = (lambda b: lay.send(b, lay.right())) if send else None
             sl = (lambda b: lay.send(b, lay.left())) if send else None
-            nr, pr = self.step(r, y, at(-t), sr)
-            nl, pl = self.step(lb, y, at(t), sl)
+            nr, pr = self.step(r, ws, at(-t), sr)
+            nl, pl = self.step(lb, ws, at(t), sl)
             return nr, nl, pr, pl
 
-        # step 0: the local block, sent both ways
         send_both = lambda b: lay.send(b, lay.right()) + lay.send(b, lay.left())  # noqa: E731
-        sent, pl0 = self.step(local, y, at(0), send_both)
+        sent, pl0 = self.step(local, ws, at(0), send_both)
         nr, nl = sent[: s.chunks], sent[s.chunks:]
-        out = self.absorb(self.init_out(x, y), pl0, at(0)) if loop else None
+        outs = self.absorb(self.init_outs(x, ws), pl0, at(0)) if loop else None
 
         def body(carry, t):
-            r, lb, out = carry
+            r, lb, outs = carry
             r2, l2, pr, pl = both(r, lb, t, True)
             if loop:
-                return (r2, l2, self.absorb(self.absorb(out, pr, at(-t)), pl, at(t))), None
-            return (r2, l2, out), (jnp.stack(pr), jnp.stack(pl))
+                return (r2, l2, self.absorb(self.absorb(outs, pr, at(-t)), pl, at(t))), None
+            return (r2, l2, outs), (self.stacked(pr), self.stacked(pl))
 
-        (r, lb, out), ys = run_loop(body, (nr, nl, out), 1, h, s.unroll)
-        # last full step t = h; for even n the antipodal block comes in halves from both sides
+        (r, lb, outs), ys = run_loop(body, (nr, nl, outs), 1, h, s.unroll)
         half = self.cs // 2
-        if even:
-            ra = lay.send([lax.slice_in_dim(b, 0, half, axis=self.xdim) for b in r], lay.right()) \
-                if s.send_first else None
-            lb_b = lay.send([lax.slice_in_dim(b, half, self.cs, axis=self.xdim) for b in lb], lay.left()) \
-                if s.send_first else None
+        halves = lambda bs, a, b: [lax.slice_in_dim(x_, a, b, axis=self.xdim) for x_ in bs]  # noqa: E731
+        if even and s.send_first:
+            ra = lay.send(halves(r, 0, half), lay.right())
+            lb_b = lay.send(halves(lb, half, self.cs), lay.left())
         _, _, pr, pl = both(r, lb, h, False)
-        parts_anti: list[jax.Array] = []
+        anti: list[list[jax.Array]] = [[] for _ in range(k)]
         if even:
             if not s.send_first:
-                ra = lay.send([lax.slice_in_dim(b, 0, half, axis=self.xdim) for b in r], lay.right())
-                lb_b = lay.send([lax.slice_in_dim(b, half, self.cs, axis=self.xdim) for b in lb], lay.left())
-            for k in range(s.chunks):
-                pa = self.partial(ra[k], y, at(n // 2), k, 0)
-                pb = self.partial(lb_b[k], y, at(n // 2), k, half)
-                parts_anti.append(pa + pb if self.acc else jnp.concatenate([pa, pb], axis=self.odim))
+                ra = lay.send(halves(r, 0, half), lay.right())
+                lb_b = lay.send(halves(lb, half, self.cs), lay.left())
+            for m, (ag, w) in enumerate(zip(self.ags, ws, strict=True)):
+                for c in range(s.chunks):
+                    pa = ag.partial(ra[c], w, at(n // 2), c, 0)
+                    pb = ag.partial(lb_b[c], w, at(n // 2), c, half)
+                    anti[m].append(pa + pb if ag.acc else jnp.concatenate([pa, pb], axis=ag.odim))
         if loop:
-            out = self.absorb(self.absorb(out, pr, at(-h)), pl, at(h))
+            outs = self.absorb(self.absorb(outs, pr, at(-h)), pl, at(h))
             if even:
-                out = self.absorb(out, parts_anti, at(n // 2))
-            return out.astype(lay.dtype)
-        loop_r = [ys[0][0]] if ys else []
-        loop_l = [ys[0][1]] if ys else []
-        if s.unroll == "full":
-            loop_r = [y_[0] for y_ in ys]
-            loop_l = [y_[1] for y_ in ys]
-        # offsets 0, 1..h (left), n/2 (even), then n-h..n-1 (right, t = h..1)
-        rights = loop_r + [jnp.stack(pr)[None]]          # t = 1..h
-        right_stack = jnp.concatenate(rights, axis=0)[::-1]  # t = h..1 -> offsets n-h..n-1
-        by_off = [jnp.stack(pl0)[None]] + loop_l + [jnp.stack(pl)[None]]
-        if even:
-            by_off.append(jnp.stack(parts_anti)[None])
-        by_off.append(right_stack)
-        return self.assemble(by_off, i, lay.dtype)
+                outs = self.absorb(outs, anti, at(n // 2))
+            return self.done(outs)
+        results = []
+        for m, ag in enumerate(self.ags):
+            if s.unroll == "full":
+                loop_r, loop_l = [y[0][m] for y in ys], [y[1][m] for y in ys]
+            else:
+                loop_r = [ys[0][0][m]] if ys else []
+                loop_l = [ys[0][1][m]] if ys else []
+            right_stack = jnp.concatenate(loop_r + [jnp.stack(pr[m])[None]], axis=0)[::-1]  # offsets n-h..n-1
+            by_off = [jnp.stack(pl0[m])[None]] + loop_l + [jnp.stack(pl[m])[None]]
+            if even:
+                by_off.append(jnp.stack(anti[m])[None])
+            by_off.append(right_stack)
+            results.append(ag.assemble(by_off, i, lay.dtype))
+        return tuple(results)
 
 
 def local_ring(problem: Problem, s: Strategy) -> Callable[[jax.Array, jax.Array], jax.Array]:
+    """The ring of one problem: a ring of one member."""
     ag = _AG(problem, s)
-    fn = ag.bidi if s.direction == "bidi" else ag.uni
+    ring = Ring([ag], s)
+    fn = ring.bidi if s.direction == "bidi" else ring.uni
     if ag.x_is_lhs:
-        return fn
-    return lambda lhs, rhs: fn(rhs, lhs)
+        return lambda lhs, rhs: fn(lhs, rhs)[0]
+    return lambda lhs, rhs: fn(rhs, lhs)[0]

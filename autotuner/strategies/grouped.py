@@ -26,15 +26,12 @@ from jax.sharding import Mesh
 
 from autotuner.problem import GroupedProblem, Problem
 from autotuner.strategies._common import (
-    Blocks,
     Layout,
     check_mesh,
     constrain,
     pspec,
-    run_loop,
-    split,
 )
-from autotuner.strategies.allgather import _AG
+from autotuner.strategies.allgather import _AG, Ring
 from autotuner.strategies.baseline import comm_out_spec
 from autotuner.strategies.canonical import canonical, local_shape
 from autotuner.strategies.xla import plain_einsum
@@ -138,132 +135,8 @@ class _Keep(_AG):
         return jnp.zeros(shape, x.dtype)
 
 
-class _Group:
-    """The ring of the shared operand, with one `_AG` (the single ring's pieces) per member, and
-    with `keep` one more that collects the gathered operand (passed the operand as its weight)."""
-
-    def __init__(self, members: Sequence[Problem], s: Strategy, keep: bool = False):
-        self.s = s
-        self.ags = [_AG(m, s) for m in members] + ([_Keep(members[0], s)] if keep else [])
-        a0 = self.ags[0]
-        self.n, self.lay, self.xdim, self.cs = a0.n, a0.lay, a0.xdim, a0.cs
-
-    def step(self, bufs: list[jax.Array], ws: Sequence[jax.Array], b: Any,
-             send: Callable[[list[jax.Array]], list[jax.Array]] | None):
-        """One ring step, of block `b`: the shared buffers' transfer and every member's partial
-        einsums of them."""
-        nxt = send(bufs) if send is not None and self.s.send_first else None
-        parts = [[ag.partial(buf, w, b, k) for k, buf in enumerate(bufs)] for ag, w in zip(self.ags, ws, strict=True)]
-        if send is not None and not self.s.send_first:
-            nxt = send(bufs)
-        return nxt, parts
-
-    def absorb(self, outs: Sequence[jax.Array], parts: list[list[jax.Array]], b: Any) -> tuple:
-        return tuple(ag.absorb(o, p, b) for ag, o, p in zip(self.ags, outs, parts, strict=True))
-
-    def init_outs(self, x: jax.Array, ws: Sequence[jax.Array]) -> tuple:
-        return tuple(ag.init_out(x, w) for ag, w in zip(self.ags, ws, strict=True))
-
-    def done(self, outs: Sequence[jax.Array]) -> tuple[jax.Array, ...]:
-        return tuple(o.astype(self.lay.dtype) for o in outs)
-
-    @staticmethod
-    def stacked(parts: list[list[jax.Array]]) -> tuple[jax.Array, ...]:
-        return tuple(jnp.stack(p) for p in parts)
-
-    # -- programs -------------------------------------------------------------------------------
-    def uni(self, x: jax.Array, *ws: jax.Array) -> tuple[jax.Array, ...]:
-        n, s, lay = self.n, self.s, self.lay
-        i = lax.axis_index(lay.axis)
-        at = Blocks(i, n)
-        bufs = split(x, s.chunks, self.xdim)
-        send = lambda b: lay.send(b, lay.left())  # noqa: E731 - device j receives block j+1+t
-        loop = s.fuse == "loop"
-        outs0 = self.init_outs(x, ws) if loop else None
-
-        def body(carry, t):
-            bufs, outs = carry
-            nxt, parts = self.step(bufs, ws, at(t), send)
-            if loop:
-                return (nxt, self.absorb(outs, parts, at(t))), None
-            return (nxt, outs), self.stacked(parts)
-
-        (bufs, outs), ys = run_loop(body, (bufs, outs0), 0, n - 1, s.unroll)
-        _, parts = self.step(bufs, ws, at(n - 1), None)
-        if loop:
-            return self.done(self.absorb(outs, parts, at(n - 1)))
-        last = self.stacked(parts)
-        return tuple(ag.assemble([y[m] for y in ys] + [last[m][None]], i, lay.dtype)
-                     for m, ag in enumerate(self.ags))
-
-    def bidi(self, x: jax.Array, *ws: jax.Array) -> tuple[jax.Array, ...]:
-        n, s, lay, k = self.n, self.s, self.lay, len(self.ags)
-        h, even = (n - 1) // 2, n % 2 == 0
-        i = lax.axis_index(lay.axis)
-        at = Blocks(i, n)
-        local = split(x, s.chunks, self.xdim)
-        loop = s.fuse == "loop"
-
-        def both(r, lb, t, send: bool):
-            """Right-moving buffers hold block i-t, left-moving ones block i+t."""
-            sr = (lambda b: lay.send(b, lay.right())) if send else None
-            sl = (lambda b: lay.send(b, lay.left())) if send else None
-            nr, pr = self.step(r, ws, at(-t), sr)
-            nl, pl = self.step(lb, ws, at(t), sl)
-            return nr, nl, pr, pl
-
-        send_both = lambda b: lay.send(b, lay.right()) + lay.send(b, lay.left())  # noqa: E731
-        sent, pl0 = self.step(local, ws, at(0), send_both)
-        nr, nl = sent[: s.chunks], sent[s.chunks:]
-        outs = self.absorb(self.init_outs(x, ws), pl0, at(0)) if loop else None
-
-        def body(carry, t):
-            r, lb, outs = carry
-            r2, l2, pr, pl = both(r, lb, t, True)
-            if loop:
-                return (r2, l2, self.absorb(self.absorb(outs, pr, at(-t)), pl, at(t))), None
-            return (r2, l2, outs), (self.stacked(pr), self.stacked(pl))
-
-        (r, lb, outs), ys = run_loop(body, (nr, nl, outs), 1, h, s.unroll)
-        half = self.cs // 2
-        halves = lambda bs, a, b: [lax.slice_in_dim(x_, a, b, axis=self.xdim) for x_ in bs]  # noqa: E731
-        if even and s.send_first:
-            ra = lay.send(halves(r, 0, half), lay.right())
-            lb_b = lay.send(halves(lb, half, self.cs), lay.left())
-        _, _, pr, pl = both(r, lb, h, False)
-        anti: list[list[jax.Array]] = [[] for _ in range(k)]
-        if even:
-            if not s.send_first:
-                ra = lay.send(halves(r, 0, half), lay.right())
-                lb_b = lay.send(halves(lb, half, self.cs), lay.left())
-            for m, (ag, w) in enumerate(zip(self.ags, ws, strict=True)):
-                for c in range(s.chunks):
-                    pa = ag.partial(ra[c], w, at(n // 2), c, 0)
-                    pb = ag.partial(lb_b[c], w, at(n // 2), c, half)
-                    anti[m].append(pa + pb if ag.acc else jnp.concatenate([pa, pb], axis=ag.odim))
-        if loop:
-            outs = self.absorb(self.absorb(outs, pr, at(-h)), pl, at(h))
-            if even:
-                outs = self.absorb(outs, anti, at(n // 2))
-            return self.done(outs)
-        results = []
-        for m, ag in enumerate(self.ags):
-            if s.unroll == "full":
-                loop_r, loop_l = [y[0][m] for y in ys], [y[1][m] for y in ys]
-            else:
-                loop_r = [ys[0][0][m]] if ys else []
-                loop_l = [ys[0][1][m]] if ys else []
-            right_stack = jnp.concatenate(loop_r + [jnp.stack(pr[m])[None]], axis=0)[::-1]  # offsets n-h..n-1
-            by_off = [jnp.stack(pl0[m])[None]] + loop_l + [jnp.stack(pl[m])[None]]
-            if even:
-                by_off.append(jnp.stack(anti[m])[None])
-            by_off.append(right_stack)
-            results.append(ag.assemble(by_off, i, lay.dtype))
-        return tuple(results)
-
-
 def local_ring(gp: GroupedProblem, s: Strategy) -> LocalFn:
-    g = _Group(gp.members, s)
+    g = Ring([_AG(m, s) for m in gp.members], s)
     return g.bidi if s.direction == "bidi" else g.uni
 
 
@@ -274,7 +147,8 @@ def wrap_keeping(members: Sequence[Problem], s: Strategy, mesh: Mesh) -> Callabl
     `gathered` laid out without the collective axis (`comm_out_spec`)."""
     m0 = members[0]
     cp = canonical(m0) if len(members) == 1 else None
-    g = _Group([cp] if cp is not None else members, s, keep=True)
+    ms = [cp] if cp is not None else list(members)
+    g = Ring([*(_AG(m, s) for m in ms), _Keep(ms[0], s)], s)
     ring = g.bidi if s.direction == "bidi" else g.uni
     if cp is None:
         return _wrap(members, mesh, lambda x, *w: ring(x, *w, x), [comm_out_spec(m0)])
