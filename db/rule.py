@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from autotuner.rule import MIN_SPEEDUP_LO, Evidence, choose
+from autotuner.rule import Evidence, choose
 from db.records import MeasurementRecord, WinnerChoice
 
-__all__ = ["BASELINE", "MIN_SPEEDUP_LO", "choose_winner", "is_baseline"]
+__all__ = ["BASELINE", "choose_winner", "is_baseline"]
 
 BASELINE = "baseline"
 

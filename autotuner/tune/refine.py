@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from autotuner.measure.stats import ratio_ci
+from autotuner.rule import MIN_SPEEDUP_LO
 from autotuner.strategy import Strategy
 
 __all__ = ["Evidence", "RefineUnit", "Rig", "close_candidates", "refine"]
@@ -82,7 +83,7 @@ def close_candidates(measurements: Sequence[Any], current: Strategy, k: int = 2)
         if s.key not in best or m.ratio > best[s.key].ratio:
             best[s.key] = m
     cur = best.get(current.key)
-    floor = cur.ratio_lo if cur is not None and cur.ratio_lo is not None else 1.0
+    floor = cur.ratio_lo if cur is not None and cur.ratio_lo is not None else MIN_SPEEDUP_LO
     close = sorted((m for key, m in best.items() if key != current.key
                     and (m.ratio_hi if m.ratio_hi is not None else m.ratio) >= floor),
                    key=lambda m: -m.ratio)
@@ -120,7 +121,7 @@ def refine(rig: Rig, units: Sequence[RefineUnit], current: dict[str, Strategy], 
             ratios = [ratio_ci(base, o) for o in others]
             j = max(range(len(others)), key=lambda x: ratios[x][0])
             sp, lo, hi = ratios[j]
-            keep = cands[j] if (not math.isnan(lo) and lo > 1.0) else prev
+            keep = cands[j] if (not math.isnan(lo) and lo > MIN_SPEEDUP_LO) else prev
             tried = tuple({"strategy_key": c.key, "speedup": r[0], "speedup_lo": _num(r[1]),
                            "speedup_hi": _num(r[2])} for c, r in zip(cands, ratios, strict=True))
             ev = Evidence(u.key, keep, prev, sp, _num(lo), _num(hi), reps, tried)
