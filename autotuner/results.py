@@ -3,8 +3,9 @@
 One place for what a measured session becomes on the wire or in the database:
 `autotuner tune --service` and the worker (`tune.worker.upload`), the local store
 (`tune.store.save`) and in-job tuning (`runtime.Client.upload`, from `overlap(tune="missing")`)
-all build their items and bodies here. The items are `db.records.measurement_input`'s (imported
-when items are built, not on import: the runtime's lookup path loads no database code).
+all build their items and bodies here. The items are `autotuner.measurement.measurement_item`'s,
+the fields the database takes (`db.records.MeasurementInput` checks they are its own): the
+training job's upload path loads no database code.
 """
 
 from __future__ import annotations
@@ -15,16 +16,14 @@ from typing import Any
 
 from autotuner.device import Device
 from autotuner.measure import Candidate, SessionResult
+from autotuner.measurement import measurement_item as item_of
 from autotuner.problem import GroupedProblem, Problem
 
 
 def measurement_item(c: Candidate, run_id: str | None = None, host: str | None = None) -> dict[str, Any]:
-    """A candidate as a ``db.MeasurementInput`` (``db.records.measurement_input``: the fields
-    of the same names), with its strategy key and this run's id and host."""
-    from db.records import measurement_input
-
-    return measurement_input(c, strategy_key=c.key, run_id=run_id,
-                             host=host or socket.gethostname())
+    """A candidate as a measurement item (`autotuner.measurement`), with its strategy key and
+    this run's id and host."""
+    return item_of(c, strategy_key=c.key, run_id=run_id, host=host or socket.gethostname())
 
 
 def session_items(session: SessionResult, run_id: str | None = None,

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, NamedTuple, NotRequired, TypedDict, TypeVar, get_type_hints
 
+from autotuner.measurement import MEASUREMENT_FIELDS, measurement_item
 from db.fields import KEY_LEN, at_least, joined, long_text, signed, text
 
 __all__ = [
@@ -342,6 +343,9 @@ _NOT_INPUT = ("id", "problem_id", "device_id", "method")
 _REQUIRED_INPUT = ("strategy", "strategy_key", "status")
 MEASUREMENT_INPUT_FIELDS = tuple(
     f.name for f in dataclasses.fields(MeasurementRecord) if f.name not in _NOT_INPUT)
+if set(MEASUREMENT_INPUT_FIELDS) != set(MEASUREMENT_FIELDS):   # the core's list is the one a caller builds
+    raise ImportError(f"db.records.MeasurementRecord's input fields {MEASUREMENT_INPUT_FIELDS} are not "
+                      f"autotuner.measurement.MEASUREMENT_FIELDS {MEASUREMENT_FIELDS}")
 
 MeasurementInput = TypedDict(  # type: ignore[misc]  # built from MeasurementRecord
     "MeasurementInput",
@@ -360,19 +364,9 @@ and ``status`` are required; ``created_at`` defaults to the time of writing.
 
 
 def measurement_input(source: Any, **given: Any) -> MeasurementInput:
-    """The :class:`MeasurementInput` of ``source``: each field (``created_at`` aside) from
-    ``given`` if there, else from ``source``'s attribute of that name (a
-    :class:`MeasurementRecord`, an ``autotuner.measure.Candidate``). JSON-ready: the
-    strategy is copied and sequences become lists. This is how the tuner's results become
-    items, both for the local database and for ``POST /v1/results``."""
-    item: dict[str, Any] = {}
-    for name in MEASUREMENT_INPUT_FIELDS:
-        if name == "created_at" and name not in given:
-            continue
-        value = given[name] if name in given else getattr(source, name)
-        item[name] = list(value) if isinstance(value, tuple | list) else value
-    item["strategy"] = dict(item["strategy"])
-    return item  # type: ignore[return-value]
+    """The :class:`MeasurementInput` of ``source`` (`autotuner.measurement.measurement_item`, the
+    one place a measurement's item is built; here typed as the database takes it)."""
+    return measurement_item(source, **given)  # type: ignore[return-value]
 
 
 @dataclass(frozen=True, slots=True)

@@ -53,6 +53,28 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     return found
 
 
+def test_no_function_of_the_pass_is_over_60_lines() -> None:
+    """The compiler pass reads as stages (`overlap.pipeline`): each a function a screen long."""
+    long = {}
+    for path in sorted((REPO / "autotuner" / "overlap").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno >= 60:
+                long[f"{path.name}:{node.name}"] = node.end_lineno - node.lineno + 1
+    assert not long, f"functions of the pass over 60 lines (split them into stages): {long}"
+
+
+def test_readmes_module_map_is_the_tree() -> None:
+    """README's Architecture section lists every module (scripts/modules.py draws it from the tree)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("modules_map", REPO / "scripts" / "modules.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.readme_map((REPO / "README.md").read_text()) == mod.module_map(REPO), (
+        "README's module map is stale: paste `python scripts/modules.py` into its Architecture section")
+
+
 def test_no_module_is_over_500_lines() -> None:
     long = {str(p.relative_to(REPO)): n for p in _modules().values()
             if (n := len(p.read_text().splitlines())) > MAX_LINES}
@@ -152,7 +174,7 @@ def test_dependencies_point_one_way() -> None:
     runner (the lab imports nothing of measure)."""
     modules = _modules()
     graph = {name: _imports(name, path, modules) for name, path in modules.items()}
-    allowed_core = {"autotuner.errors", "autotuner.settings", "autotuner.rule"}
+    allowed_core = {"autotuner.errors", "autotuner.settings", "autotuner.rule", "autotuner.measurement"}
     bad = []
     for name, deps in graph.items():
         for d in deps:
@@ -209,6 +231,40 @@ def test_runtime_path_loads_no_database_web_or_optuna_code(tmp_path: Path) -> No
     assert res.returncode == 0, res.stderr[-3000:]
     got = json.loads(res.stdout.strip().splitlines()[-1])
     assert got == {"import": [], "job": [], "ok": True}, got
+
+
+_UPLOAD = """
+import json, sys
+import autotuner, autotuner.overlap
+from autotuner import Device, Problem
+from autotuner.measure import Candidate, SessionResult
+from autotuner.runtime.client import Client
+p = Problem.from_dict({"equation": "sd,df->sf", "lhs": {"shape": [64, 32], "spec": ["x", None]},
+                       "rhs": {"shape": [32, 64], "spec": [None, "x"]}, "out_spec": [None, "x"],
+                       "dtype": "float32", "mesh": {"x": 4}})
+base = Candidate({"method": "baseline"}, "baseline", samples=[1.0] * 3, median_s=1.0, n=3)
+ring = Candidate({"method": "ring", "direction": "uni", "chunks": 1, "unroll": "full", "fuse": "loop",
+                  "send_first": True}, "ring-uni-c1-ufull-loop-send", samples=[0.8] * 3, median_s=0.8, n=3,
+                 ratio=1.25, ratio_lo=1.2, ratio_hi=1.3)
+session = SessionResult(p.to_dict(), base, [ring], None, None, None, 3, 0.1)
+client = Client("http://127.0.0.1:9", token="t", device=Device("cpu", "cpu", 4, 1, "inproc", "x", "y"))
+answer, where = client.upload(None, p, session, name="in-job tuning")
+print(json.dumps({"posted": where.startswith("nowhere (the upload to"),
+                  "loaded": sorted({m.split(".")[0] for m in sys.modules} & set(HEAVY))}))
+"""
+
+
+def test_the_pass_and_the_in_job_upload_load_no_database_web_or_optuna_code(tmp_path: Path) -> None:
+    """Transitively, imports inside functions included: `import autotuner.overlap` and the in-job
+    upload (`Client.upload` -> the measurement items and the /v1/results body, posted to a service
+    that is not there) load none of the heavy stacks; plotly neither."""
+    env = {"PATH": "/usr/bin:/bin", "JAX_PLATFORMS": "cpu", "HOME": str(tmp_path),
+           "AUTOTUNER_CACHE_DIR": str(tmp_path / "cache")}
+    code = f"HEAVY = {(*HEAVY, 'plotly')!r}\n" + _UPLOAD
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         cwd=REPO, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert json.loads(res.stdout.strip().splitlines()[-1]) == {"posted": True, "loaded": []}
 
 
 def test_the_light_import_check_sees_a_heavy_import(tmp_path: Path) -> None:

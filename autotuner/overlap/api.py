@@ -91,20 +91,20 @@ import gc
 import logging
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
 from typing import Any
 
 from autotuner.errors import AutotunerError
-from autotuner.overlap.injob import DEFAULT_BUDGET_S, InJob
+from autotuner.overlap.injob import DEFAULT_BUDGET_S
 from autotuner.overlap.injob import MODES as TUNE_MODES
 from autotuner.overlap.memory import DEFAULT_BOUND, check_bound
-from autotuner.overlap.plan import Memory, Plan, PlanRow, numbered, program_key
-from autotuner.strategy import parse_choice, reference
+from autotuner.overlap.pipeline import Build
+from autotuner.overlap.pipeline import Prepared as _Prepared
+from autotuner.overlap.plan import Plan, PlanRow
+from autotuner.strategy import parse_choice
 
 __all__ = ["Overlapped", "OverlapError", "Plan", "PlanRow", "overlap"]
 
 log = logging.getLogger("autotuner.overlap")
-MAX_ROUNDS = 3   # analyses of an Auto-layout program (each compiles it once)
 
 
 class OverlapError(AutotunerError, ValueError):
@@ -143,17 +143,6 @@ def _mesh_of(args: Any, jit_kwargs: dict[str, Any]) -> Any:
 
 
 # -- the pass -------------------------------------------------------------------------------------
-
-@dataclass
-class _Prepared:
-    call: Any           # the compiled program where the analysis compiled it, else `jitted`
-    plan: Plan
-    jitted: Any = None  # the jax.jit of the program (lower/trace)
-
-    def __post_init__(self) -> None:
-        if self.jitted is None:
-            self.jitted = self.call
-
 
 class Overlapped:
     """What `overlap(fn, ...)` returns: call it like `jax.jit(fn, **jit_kwargs)`."""
@@ -229,16 +218,9 @@ class Overlapped:
         return jax.jit(run, **self.jit_kwargs)
 
     def _build(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Prepared:
+        """One signature prepared: the pipeline of `overlap.pipeline` where the arguments name a
+        mesh the pass handles, else plain jit and why."""
         import jax
-        from jax.sharding import AxisType
-
-        from autotuner.hlo.compile import lower, partitioned_texts, stops_here, temp_bytes
-        from autotuner.overlap.apply import Action, Interpreter
-        from autotuner.overlap.choose import choose
-        from autotuner.overlap.find import WINDOWS_ITSELF, find_sites_kept, xla_windowing
-        from autotuner.overlap.memory import gathered_bytes, mib, over
-        from autotuner.overlap.memory import shed as memory_shed
-        from autotuner.overlap.plan import Cost
 
         mesh = _mesh_of((args, kwargs), self.jit_kwargs)
         plain = jax.jit(self.fn, **self.jit_kwargs)
@@ -247,162 +229,7 @@ class Overlapped:
         if len(set(mesh.axis_types)) > 1:
             return _Prepared(plain, Plan(notes=["the mesh mixes Explicit and Auto axes, which the pass "
                                                 "does not handle: plain jit"]))
-        # Round 1 analyses the program with every dot tagged: only its partitioned HLO is wanted, so
-        # the backend compiles it at its cheapest (or the texts come from the persistent cache).
-        # Each later round compiles the rewritten program, the one that runs; with Auto layouts
-        # (which GSPMD may choose differently around the rewritten dots) it is analysed too, for
-        # any new pairs. Explicit layouts are part of the types, which the rewrite keeps: no new
-        # pair can appear, so nothing is analysed there. The jaxpr is traced once for all rounds.
-        explicit = AxisType.Explicit in set(mesh.axis_types)
-        rounds = 2 if explicit else MAX_ROUNDS
-        actions: dict[str, Action] = {}
-        rows: list[PlanRow] = []
-        tags: list[str | None] = []
-        notes: list[str] = []
-        seen: set[str] = set()
-        traced: dict[str, Any] = {}
-        compiled = None
-        analysed: Any = None   # round 1's Partitioned: its temp bytes may still be on the way
-        program, evidence = "", {}
-        injob = InJob(self.client, mesh, self.tune_budget_s) if self.tune == "missing" else None
-        # The analysis compile ends before code generation where the backend allows it (an extra
-        # output, so not where the caller fixed the outputs' shardings).
-        platform = str(mesh.devices.flat[0].platform)
-        stops = stops_here(platform) and self.jit_kwargs.get("out_shardings") is None
-        cost = Cost()
-        windowed: frozenset[str] = frozenset()   # tags of the dots plain jit's XLA windows itself
-        xla_temp: int | None = None              # plain jit's temp bytes where the analysis is not plain jit
-        for n in range(rounds):
-            interp = Interpreter(mesh, dict(actions), traced=traced)
-            jitted = self._jit(interp, stop=n == 0 and stops)
-            try:
-                with cost.timing("rewrite" if n else "trace"):
-                    lowered = lower(jitted, *args, **kwargs)
-                if n and explicit:
-                    with cost.timing("compile"):
-                        compiled = lowered.compile()
-                    break
-                with cost.timing("compile" if n else "analysis"):
-                    part = partitioned_texts(lowered, analysis=n == 0, stops=n == 0 and stops, platform=platform)
-                compiled = part.compiled
-                if n == 0:
-                    analysed = part
-                    if platform in WINDOWS_ITSELF:
-                        with cost.timing("analysis"):
-                            windowed, xla_temp = xla_windowing(lowered, stop=stops)
-                with cost.timing("reading"):
-                    found = find_sites_kept(part, interp, mesh, seen)
-            except Exception as e:  # noqa: BLE001 - never worse than plain jit
-                if not actions:
-                    note = f"the program could not be analysed, so it runs as plain jit: {e}"
-                    log.warning("overlap: %s", note)
-                    return _Prepared(plain, Plan(numbered(rows), [*notes, note], cost=cost))
-                log.warning("overlap: the rewritten program could not be compiled (%s: %s); using "
-                            "plain jit", type(e).__name__, e)
-                return _all_plain(plain, rows, notes, "the rewritten program could not be compiled; plain jit", cost)
-            notes += [t for t in found.notes if t not in notes]
-            if n == 0:
-                program = program_key(found.rows)
-                with cost.timing("reading"):
-                    evidence = _evidence(self.client, program) if self.mode == "auto" else {}
-            if injob is not None:   # measure the untuned units now: `choose` then finds their answers
-                if analysed is not None:
-                    with cost.timing("analysis"):
-                        analysed.temp_bytes   # noqa: B018 - no compile beside the measurements
-                with cost.timing("tuning"):
-                    injob.run(found.sites, evidence)
-                notes[:] = [t for t in notes if not t.startswith("in-job tuning")] + [injob.summary()]
-            with cost.timing("reading"):
-                new_actions, new_rows = choose(self.mode, self.chosen, self.client, found.sites, found.rows, evidence,
-                                               reference(platform))
-            if injob is not None:
-                new_rows = injob.mark(found.sites, new_rows)
-            if n:
-                new_rows = [replace(r, note=(r.note + "; " if r.note else "") + f"found in round {n + 1}")
-                            for r in new_rows]
-            new_tags = [s.tag if s else None for s in found.sites]
-            if windowed:
-                new_rows = [replace(r, xla="windowed") if t in windowed else r
-                            for r, t in zip(new_rows, new_tags, strict=True)]
-            rows += new_rows
-            tags += new_tags
-            if not new_actions:
-                break
-            actions.update(new_actions)
-        # the plain step's temp bytes: the analysis compile may have gone on beside the rounds
-        with cost.timing("analysis"):
-            plain_temp = analysed.temp_bytes if analysed is not None else None
-        if xla_temp is not None:   # the analysis compiled without XLA's own windowing: not plain jit
-            plain_temp = xla_temp
-        if not actions:   # nothing to rewrite: exactly plain jit (compiled on the first call)
-            return _Prepared(plain, Plan(numbered(rows), notes, Memory(plain_temp, plain_temp, self.memory), program,
-                                         cost))
-        if interp.actions != actions:   # the last round found more: this program is not compiled yet
-            interp = Interpreter(mesh, dict(actions), traced=traced)
-            jitted, compiled = self._jit(interp), None
-            try:
-                with cost.timing("rewrite"):
-                    jitted.trace(*args, **kwargs)   # the rewrite happens at trace time
-            except Exception as e:  # noqa: BLE001 - never worse than plain jit
-                log.warning("overlap: the rewritten program did not trace (%s: %s); using plain jit",
-                            type(e).__name__, e)
-                return _all_plain(plain, rows, notes,
-                                  f"the rewritten program did not trace ({type(e).__name__}); plain jit", cost)
-        shed: dict[str, str] = {}
-        overlapped_temp = temp_bytes(compiled) if compiled is not None else None
-        rings_shed = 0
-        while over(plain_temp, overlapped_temp, self.memory):
-            assert self.memory is not None and plain_temp is not None and overlapped_temp is not None
-            excess = overlapped_temp - int(plain_temp * (1 + self.memory))
-            sheds_rings = not any(a.keep for a in actions.values())
-            step = memory_shed(actions, rows, tags, excess, self.memory, rings_shed)
-            if not step:
-                break
-            if sheds_rings:   # the ring batches double; kept gathers do not count
-                rings_shed = len(step)
-            shed.update(step)
-            interp = Interpreter(mesh, dict(actions), traced=traced)
-            jitted = self._jit(interp)
-            try:
-                with cost.timing("rewrite"):
-                    lowered = lower(jitted, *args, **kwargs)
-                with cost.timing("compile"):
-                    compiled = lowered.compile()
-            except Exception as e:  # noqa: BLE001 - never worse than plain jit
-                return _all_plain(plain, rows, notes,
-                                  f"the rewritten program could not be compiled ({type(e).__name__}); plain jit", cost)
-            overlapped_temp = temp_bytes(compiled)
-        owners = {r.name for t, r in zip(tags, rows, strict=True) if t in shed}
-        out = []
-        for tag, r in zip(tags, rows, strict=True):
-            if tag in shed and tag not in actions:
-                r = r.unapplied(shed[tag] + (f" (it was chosen: {r.note})" if r.note else ""))
-            elif r.served_by and r.served_by in owners and tag not in interp.served:
-                r = replace(r, served_by="", note=r.note + "; its all-gather stays (the memory bound "
-                            "dropped the kept copy)")
-            elif tag in shed:
-                r = replace(r, note=(r.note + "; " if r.note else "") + shed[tag])
-            if r.applied and tag not in interp.applied:
-                why = interp.failed.get(tag or "") or next(
-                    (w for t, w in interp.failed.items() if tag and tag.startswith(t + "_")),
-                    "not applied (unknown reason)")
-                r = r.unapplied(why)
-            elif r.served_by and tag not in interp.served:
-                r = replace(r, served_by="", note=r.note + "; but it did not reach this dot, whose all-gather stays")
-            elif r.applied and tag in actions and actions[tag].keep:
-                first = (actions[tag].tags or (tag,))[0]
-                n_kept = interp.kept.get(first, 0)
-                held = gathered_bytes(actions[tag].problem)
-                span = interp.kept_span.get(first)
-                r = replace(r, kept_bytes=held if n_kept else 0, note=r.note + (
-                    f" ({n_kept} later equation(s) take it); it holds {mib(held)} per device over "
-                    f"equations {span[0]}-{span[1]} of its jaxpr's {span[2]}" if n_kept and span else
-                    "; no later equation of its jaxpr takes it, so it is not passed on"))
-            out.append(r)
-        static = self.jit_kwargs.get("static_argnums") is not None or self.jit_kwargs.get("static_argnames")
-        run = compiled if compiled is not None and not static else jitted
-        return _Prepared(run, Plan(numbered(out), notes, memory=Memory(plain_temp, overlapped_temp, self.memory),
-                                   program=program, cost=cost), jitted)
+        return Build(self, args, kwargs, mesh, plain).run()
 
 
 _gc_lock = threading.Lock()
@@ -444,24 +271,6 @@ def _check_tune(tune: Any, budget: Any, mode: str) -> tuple[str | None, float]:
         raise OverlapError(f"overlap: tune={tune!r} measures what strategy='auto' looks up; "
                            f"it does not go with strategy={mode!r}")
     return tune, float(budget)
-
-
-def _evidence(client: Any, program: str) -> dict[str, Any]:
-    """The client's in-program evidence for this program (problem key -> answer); {} where it
-    has none, or no such method, or fails (then the isolated winners decide, as without it)."""
-    get = getattr(client, "evidence", None)
-    if not program or get is None:
-        return {}
-    try:
-        return dict(get(program) or {})
-    except Exception as e:  # noqa: BLE001 - never worse than the isolated winners
-        log.warning("overlap: in-program evidence unavailable (%s: %s)", type(e).__name__, e)
-        return {}
-
-
-def _all_plain(plain: Any, rows: list[PlanRow], notes: list[str], why: str, cost: Any = None) -> _Prepared:
-    """Plain jit after all: every applied row is left baseline, and says why."""
-    return _Prepared(plain, Plan(numbered([r.unapplied(why) if r.applied else r for r in rows]), notes, cost=cost))
 
 
 def overlap(fn: Callable[..., Any] | None = None, *, strategy: Any = "auto", client: Any = None,

@@ -53,6 +53,21 @@ TAG_PREFIX = "__overlap"
 Spec = tuple[Entry, ...]
 
 
+def _graph(jaxpr: Any) -> tuple[dict[Any, Any], dict[Any, list[Any]]]:
+    """(each value's producing equation, each value's consuming equations: None for the jaxpr's
+    own result)."""
+    producer = {o: e for e in jaxpr.eqns for o in e.outvars}
+    consumers: dict[Any, list[Any]] = {}
+    for e in jaxpr.eqns:
+        for v in e.invars:
+            if not isinstance(v, jcore.Literal):
+                consumers.setdefault(v, []).append(e)
+    for v in jaxpr.outvars:
+        if not isinstance(v, jcore.Literal):
+            consumers.setdefault(v, []).append(None)
+    return producer, consumers
+
+
 def tag_of(path: Sequence[int]) -> str:
     return "_".join(str(i) for i in path)
 
@@ -164,19 +179,9 @@ class Interpreter:
         def read(v: Any) -> Any:
             return v.val if isinstance(v, jcore.Literal) else env[v]
 
-        for v, c in zip(jaxpr.constvars, consts, strict=True):
-            env[v] = c
-        for v, a in zip(jaxpr.invars, args, strict=True):
-            env[v] = a
-        producer = {o: e for e in jaxpr.eqns for o in e.outvars}
-        consumers: dict[Any, list[Any]] = {}
-        for e in jaxpr.eqns:
-            for v in e.invars:
-                if not isinstance(v, jcore.Literal):
-                    consumers.setdefault(v, []).append(e)
-        for v in jaxpr.outvars:
-            if not isinstance(v, jcore.Literal):
-                consumers.setdefault(v, []).append(None)  # the jaxpr's own result
+        env.update(zip(jaxpr.constvars, consts, strict=True))
+        env.update(zip(jaxpr.invars, args, strict=True))
+        producer, consumers = _graph(jaxpr)
         skip: set[int] = set()
         early = self._early(jaxpr, path, producer, consumers)
         for i, eqn in enumerate(jaxpr.eqns):
@@ -210,14 +215,7 @@ class Interpreter:
             subst = self._subst.pop(id(eqn), {})
             for j, v in subst.items():
                 invals[j] = v
-            with siu.user_context(eqn.source_info.traceback, name_stack=name_stack), eqn.ctx.manager:
-                try:
-                    ans = eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(params))
-                except Exception as e:  # noqa: BLE001
-                    if params is eqn.params:
-                        raise
-                    self._fail(p, eqn, e)
-                    ans = eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(eqn.params))
+            ans = self._bind_eqn(eqn, p, params, invals, name_stack)
             if subst:   # an operand now arrives gathered: keep the result's explicit layout
                 ans = self._relaid(eqn, ans)
                 self.served.add(tag_of(p))
@@ -227,6 +225,18 @@ class Interpreter:
             else:
                 env[eqn.outvars[0]] = ans
         return [read(v) for v in jaxpr.outvars]
+
+    def _bind_eqn(self, eqn: Any, p: tuple[int, ...], params: dict[str, Any], invals: list[Any], name_stack: Any) -> Any:
+        """The equation bound with `params` (its rebuilt sub-jaxprs); where those fail to bind, the
+        failure is recorded and it is bound unchanged (its dots stay plain)."""
+        with siu.user_context(eqn.source_info.traceback, name_stack=name_stack), eqn.ctx.manager:
+            try:
+                return eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(params))
+            except Exception as e:  # noqa: BLE001
+                if params is eqn.params:
+                    raise
+                self._fail(p, eqn, e)
+                return eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(eqn.params))
 
     def _relaid(self, eqn: Any, ans: Any) -> Any:
         outs = list(ans) if eqn.primitive.multiple_results else [ans]

@@ -206,13 +206,7 @@ def find_sites(pre_text: str, post_text: str, parts: int, tagger: Interpreter, m
         dot = tagger.infos.get(tag) if tag else None
         name = short_name(op)
         where = dot.where if dot else ""
-        if why is None and dot is None:
-            why = "no traced dot_general carries this dot's name (it was not rebuilt by the pass)"
-        if why is None and tag in mapped_tags:
-            why = "the same dot as another pair (one decomposition per dot)"
-        if why is None:
-            assert problem is not None and dot is not None
-            why = mismatch(dot, problem)
+        why = why or _unmapped(dot, tag, problem, mapped_tags)
         if why is not None:
             sites.append(None)
             rows.append(_row(name, where, pair.form, problem, "unmapped", n, why))
@@ -225,6 +219,16 @@ def find_sites(pre_text: str, post_text: str, parts: int, tagger: Interpreter, m
         pairs.append((pair, len(sites) - 1))
     sites, rows = _grouped(sites, rows, pairs)
     return Found(sites, rows, notes)
+
+
+def _unmapped(dot: DotInfo | None, tag: str | None, problem: Problem | None, mapped: set[str]) -> str | None:
+    """Why a pair whose HLO maps to `problem` still cannot be decomposed, or None."""
+    if dot is None:
+        return "no traced dot_general carries this dot's name (it was not rebuilt by the pass)"
+    if tag in mapped:
+        return "the same dot as another pair (one decomposition per dot)"
+    assert problem is not None
+    return mismatch(dot, problem)
 
 
 def _grouped(sites: list[Site | None], rows: list[PlanRow], pairs: list[tuple[Pair, int]]

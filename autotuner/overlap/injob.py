@@ -164,12 +164,40 @@ class InJob:
             n = min(n, max(1, int(remaining / self._per_strategy) - 1))
         return cands[:n]
 
+    def _answer(self, unit: Problem | GroupedProblem, session: Any, multi: bool, first: bool) -> tuple[Any, str]:
+        """(the session's answer, where it was stored): process 0 stores it through the client (or
+        keeps it in this process without one) and publishes both; the others read them."""
+        from autotuner.runtime.client import session_answer
+
+        answer, stored = None, ""
+        shared: Any = None
+        if first:
+            if self.client is not None and hasattr(self.client, "upload"):
+                answer, stored = self.client.upload(None, unit, session, name="in-job tuning")
+            else:
+                dev_key = getattr(getattr(self.client, "device", None), "key", None)
+                if dev_key is None:
+                    from autotuner.device import Device
+
+                    dev_key = Device.current().key
+                answer = session_answer(session, unit.key, dev_key)
+                stored = "nowhere (no client): it holds for this process only"
+            shared = {"answer": answer.to_json() if answer is not None else None, "stored": stored}
+        if multi:
+            shared = self._share(f"answer/{self.call}/{unit.key}", shared)
+            if not first:
+                from autotuner.runtime.answers import LookupResult
+
+                a = shared["answer"]
+                answer = LookupResult.from_json(a, "process0") if a is not None else None
+                stored = shared["stored"]
+        return answer, stored
+
     def _tune(self, unit: Problem | GroupedProblem, d: Any) -> Record:
         import jax
 
         from autotuner.measure.local import LocalRunner
         from autotuner.measure.session import run_session
-        from autotuner.runtime.client import session_answer
         from autotuner.runtime.collective import DECISIONS, Decision
 
         multi = jax.process_count() > 1
@@ -194,29 +222,7 @@ class InJob:
             self.spent += time.perf_counter() - t0
             log.warning("overlap: in-job measurement of %s failed (%s: %s)", unit.describe(), type(e).__name__, e)
             return Record(seconds=time.perf_counter() - t0, skipped=f"the measurement failed ({type(e).__name__}: {e})")
-        answer, stored = None, ""
-        if first:
-            if self.client is not None and hasattr(self.client, "upload"):
-                answer, stored = self.client.upload(None, unit, session, name="in-job tuning")
-            else:
-                dev_key = getattr(getattr(self.client, "device", None), "key", None)
-                if dev_key is None:
-                    from autotuner.device import Device
-
-                    dev_key = Device.current().key
-                answer = session_answer(session, unit.key, dev_key)
-                stored = "nowhere (no client): it holds for this process only"
-            shared: Any = {"answer": answer.to_json() if answer is not None else None, "stored": stored}
-        else:
-            shared = None
-        if multi:
-            shared = self._share(f"answer/{self.call}/{unit.key}", shared)
-            if not first:
-                from autotuner.runtime.answers import LookupResult
-
-                a = shared["answer"]
-                answer = LookupResult.from_json(a, "process0") if a is not None else None
-                stored = shared["stored"]
+        answer, stored = self._answer(unit, session, multi, first)
         seconds = time.perf_counter() - t0
         self.spent += seconds
         self._per_strategy = session.seconds / (1 + len(plan))

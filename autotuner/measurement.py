@@ -1,0 +1,33 @@
+"""A measurement as it travels: its fields, written once (the database's `MeasurementInput` and the
+body of ``POST /v1/results`` are built from this list), and the item of one measured candidate.
+
+Pure and light: the training job's upload path (`Client.upload` -> `autotuner.results`) builds
+its items here and loads no database code; `db.records` checks at import that its record has
+exactly these fields (and the ones the database sets itself).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["MEASUREMENT_FIELDS", "measurement_item"]
+
+# What a caller gives for a measurement: every field of a stored one but those the database sets
+# (ids, and `method`, which is `strategy["method"]`); `created_at` is optional (default: now).
+MEASUREMENT_FIELDS = ("strategy", "strategy_key", "status", "reason", "samples", "median_s", "iqr_s",
+                      "min_s", "n", "ratio", "ratio_lo", "ratio_hi", "aa_width", "compile_s", "memory",
+                      "run_id", "host", "created_at")
+
+
+def measurement_item(source: Any, **given: Any) -> dict[str, Any]:
+    """The item of ``source`` (a measured candidate, ``autotuner.measure.Candidate``, or a stored
+    record): each field (``created_at`` aside) from ``given`` if there, else from ``source``'s
+    attribute of that name. JSON-ready: the strategy is copied and sequences become lists."""
+    item: dict[str, Any] = {}
+    for name in MEASUREMENT_FIELDS:
+        if name == "created_at" and name not in given:
+            continue
+        value = given[name] if name in given else getattr(source, name)
+        item[name] = list(value) if isinstance(value, tuple | list) else value
+    item["strategy"] = dict(item["strategy"])
+    return item

@@ -1,0 +1,297 @@
+"""One input signature's preparation, as the pass's stages in order (`Build.run`):
+
+    analyse (per round: compile -> find -> tune what is missing -> choose) -> rewrite
+      -> bound memory -> report
+
+Round 1 analyses the program with every dot tagged: only its partitioned HLO is wanted, so the
+backend compiles it at its cheapest (or the texts come from the persistent cache). Each later
+round compiles the rewritten program, the one that runs; with Auto layouts (which GSPMD may
+choose differently around the rewritten dots) it is analysed too, for any new pairs. Explicit
+layouts are part of the types, which the rewrite keeps: no new pair can appear, so nothing is
+analysed there. The jaxpr is traced once for all rounds. Any stage that fails leaves the whole
+program plain jit (`Fallback`): never worse than plain jit.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from autotuner.overlap.plan import Cost, Memory, Plan, PlanRow, numbered, program_key
+
+log = logging.getLogger("autotuner.overlap")
+MAX_ROUNDS = 3   # analyses of an Auto-layout program (each compiles it once)
+
+
+@dataclass
+class Prepared:
+    call: Any           # the compiled program where the analysis compiled it, else `jitted`
+    plan: Plan
+    jitted: Any = None  # the jax.jit of the program (lower/trace)
+
+    def __post_init__(self) -> None:
+        if self.jitted is None:
+            self.jitted = self.call
+
+
+class Fallback(Exception):   # noqa: N818 - a result, not an error: the program runs as plain jit
+    def __init__(self, prepared: Prepared) -> None:
+        super().__init__("plain jit")
+        self.prepared = prepared
+
+
+@dataclass
+class Build:
+    """The state of one preparation: what the stages read and leave for the next."""
+
+    ov: Any                       # the Overlapped (fn, mode, chosen, client, memory, tune, jit_kwargs, _jit)
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    mesh: Any
+    plain: Any                    # jax.jit(fn): what runs when nothing is rewritten
+    actions: dict[str, Any] = field(default_factory=dict)   # tag -> Action
+    found: list[tuple[str | None, PlanRow]] = field(default_factory=list)  # per pair: (its dot's tag, row)
+    notes: list[str] = field(default_factory=list)
+    seen: set[str] = field(default_factory=set)
+    traced: dict[str, Any] = field(default_factory=dict)
+    cost: Cost = field(default_factory=Cost)
+    compiled: Any = None
+    analysed: Any = None          # round 1's Partitioned: its temp bytes may still be on the way
+    program: str = ""
+    evidence: dict[str, Any] = field(default_factory=dict)
+    windowed: frozenset[str] = frozenset()   # tags of the dots plain jit's compiler windows itself
+    xla_temp: int | None = None   # plain jit's temp bytes where the analysis is not plain jit
+    interp: Any = None
+    jitted: Any = None
+
+    def __post_init__(self) -> None:
+        from jax.sharding import AxisType
+
+        from autotuner.hlo.compile import stops_here
+        from autotuner.overlap.injob import InJob
+
+        self.platform = str(self.mesh.devices.flat[0].platform)
+        self.explicit = AxisType.Explicit in set(self.mesh.axis_types)
+        self.rounds = 2 if self.explicit else MAX_ROUNDS
+        # the analysis compile ends before code generation where the backend allows it (an extra
+        # output, so not where the caller fixed the outputs' shardings)
+        self.stops = stops_here(self.platform) and self.ov.jit_kwargs.get("out_shardings") is None
+        self.injob = InJob(self.ov.client, self.mesh, self.ov.tune_budget_s) if self.ov.tune == "missing" else None
+
+    # -- the pipeline -----------------------------------------------------------------------------
+    def run(self) -> Prepared:
+        try:
+            self.analyse()
+            plain_temp = self.plain_memory()
+            if not self.actions:   # nothing to rewrite: exactly plain jit (compiled on the first call)
+                return Prepared(self.plain, self._plan(self.rows(), Memory(plain_temp, plain_temp, self.ov.memory)))
+            self.rewrite()
+            temp, shed = self.bound_memory(plain_temp)
+            return self.report(Memory(plain_temp, temp, self.ov.memory), shed)
+        except Fallback as f:
+            return f.prepared
+
+    def rows(self) -> list[PlanRow]:
+        return [r for _t, r in self.found]
+
+    def _plan(self, rows: list[PlanRow], memory: Memory | None = None) -> Plan:
+        return Plan(numbered(rows), self.notes, memory or Memory(), self.program, self.cost)
+
+    def fall_back(self, why: str) -> Fallback:
+        """Plain jit after all: every applied row is left alone, and says why."""
+        rows = [r.unapplied(why) if r.applied else r for r in self.rows()]
+        return Fallback(Prepared(self.plain, Plan(numbered(rows), self.notes, cost=self.cost)))
+
+    # -- analyse ----------------------------------------------------------------------------------
+    def analyse(self) -> None:
+        for n in range(self.rounds):
+            found = self.compile_round(n)
+            if found is None or not self.choose(n, found):
+                break
+
+    def compile_round(self, n: int) -> Any:
+        """Round n's program compiled, and the pairs found in it (None: nothing to read)."""
+        from autotuner.hlo.compile import lower, partitioned_texts
+        from autotuner.overlap.apply import Interpreter
+        from autotuner.overlap.find import WINDOWS_ITSELF, find_sites_kept, xla_windowing
+
+        self.interp = Interpreter(self.mesh, dict(self.actions), traced=self.traced)
+        self.jitted = self.ov._jit(self.interp, stop=n == 0 and self.stops)
+        try:
+            with self.cost.timing("rewrite" if n else "trace"):
+                lowered = lower(self.jitted, *self.args, **self.kwargs)
+            if n and self.explicit:
+                with self.cost.timing("compile"):
+                    self.compiled = lowered.compile()
+                return None
+            with self.cost.timing("compile" if n else "analysis"):
+                part = partitioned_texts(lowered, analysis=n == 0, stops=n == 0 and self.stops,
+                                         platform=self.platform)
+            self.compiled = part.compiled
+            if n == 0:
+                self.analysed = part
+                if self.platform in WINDOWS_ITSELF:
+                    with self.cost.timing("analysis"):
+                        self.windowed, self.xla_temp = xla_windowing(lowered, stop=self.stops)
+            with self.cost.timing("reading"):
+                return find_sites_kept(part, self.interp, self.mesh, self.seen)
+        except Exception as e:  # noqa: BLE001 - never worse than plain jit
+            if not self.actions:
+                note = f"the program could not be analysed, so it runs as plain jit: {e}"
+                log.warning("overlap: %s", note)
+                self.notes.append(note)
+                raise Fallback(Prepared(self.plain, self._plan(self.rows()))) from None
+            log.warning("overlap: the rewritten program could not be compiled (%s: %s); using "
+                        "plain jit", type(e).__name__, e)
+            raise self.fall_back("the rewritten program could not be compiled; plain jit") from None
+
+    def choose(self, n: int, found: Any) -> bool:
+        """Round n's pairs chosen for (their missing answers measured first, in-job); whether any
+        new decomposition is to be applied."""
+        from autotuner.overlap.choose import choose
+        from autotuner.strategy import reference
+
+        self.notes += [t for t in found.notes if t not in self.notes]
+        if n == 0:
+            self.program = program_key(found.rows)
+            with self.cost.timing("reading"):
+                self.evidence = _evidence(self.ov.client, self.program) if self.ov.mode == "auto" else {}
+        self.tune_missing(found)
+        with self.cost.timing("reading"):
+            actions, rows = choose(self.ov.mode, self.ov.chosen, self.ov.client, found.sites, found.rows,
+                                   self.evidence, reference(self.platform))
+        if self.injob is not None:
+            rows = self.injob.mark(found.sites, rows)
+        tags = [s.tag if s else None for s in found.sites]
+        for tag, row in zip(tags, rows, strict=True):
+            if n:
+                row = replace(row, note=(row.note + "; " if row.note else "") + f"found in round {n + 1}")
+            if tag in self.windowed:
+                row = replace(row, xla="windowed")
+            self.found.append((tag, row))
+        self.actions.update(actions)
+        return bool(actions)
+
+    def tune_missing(self, found: Any) -> None:
+        """In-job tuning (`tune="missing"`): the untuned units measured now, so that `choose` finds
+        their answers."""
+        if self.injob is None:
+            return
+        if self.analysed is not None:
+            with self.cost.timing("analysis"):
+                self.analysed.temp_bytes   # noqa: B018 - no compile beside the measurements
+        with self.cost.timing("tuning"):
+            self.injob.run(found.sites, self.evidence)
+        self.notes[:] = [t for t in self.notes if not t.startswith("in-job tuning")] + [self.injob.summary()]
+
+    def plain_memory(self) -> int | None:
+        """The plain step's temp bytes: the analysis compile may have gone on beside the rounds;
+        where it compiled without XLA's own windowing (TPU), plain jit's own compile says."""
+        with self.cost.timing("analysis"):
+            plain_temp = self.analysed.temp_bytes if self.analysed is not None else None
+        return self.xla_temp if self.xla_temp is not None else plain_temp
+
+    # -- rewrite, bound memory ---------------------------------------------------------------------
+    def rewrite(self) -> None:
+        """The program with every action traced, where the last round found more than it compiled."""
+        from autotuner.overlap.apply import Interpreter
+
+        if self.interp.actions == self.actions:
+            return
+        self.interp = Interpreter(self.mesh, dict(self.actions), traced=self.traced)
+        self.jitted, self.compiled = self.ov._jit(self.interp), None
+        try:
+            with self.cost.timing("rewrite"):
+                self.jitted.trace(*self.args, **self.kwargs)   # the rewrite happens at trace time
+        except Exception as e:  # noqa: BLE001 - never worse than plain jit
+            log.warning("overlap: the rewritten program did not trace (%s: %s); using plain jit",
+                        type(e).__name__, e)
+            raise self.fall_back(f"the rewritten program did not trace ({type(e).__name__}); plain jit") from None
+
+    def bound_memory(self, plain_temp: int | None) -> tuple[int | None, dict[str, str]]:
+        """Past the bound, decompositions shed (kept gathers, then rings) and the program compiled
+        again: (the rewritten program's temp bytes, {tag: why shed})."""
+        from autotuner.hlo.compile import lower, temp_bytes
+        from autotuner.overlap.apply import Interpreter
+        from autotuner.overlap.memory import over
+        from autotuner.overlap.memory import shed as memory_shed
+
+        shed: dict[str, str] = {}
+        temp = temp_bytes(self.compiled) if self.compiled is not None else None
+        rings_shed, bound = 0, self.ov.memory
+        tags, rows = [t for t, _r in self.found], self.rows()
+        while over(plain_temp, temp, bound):
+            assert bound is not None and plain_temp is not None and temp is not None
+            sheds_rings = not any(a.keep for a in self.actions.values())
+            step = memory_shed(self.actions, rows, tags, temp - int(plain_temp * (1 + bound)), bound, rings_shed)
+            if not step:
+                break
+            if sheds_rings:   # the ring batches double; kept gathers do not count
+                rings_shed = len(step)
+            shed.update(step)
+            self.interp = Interpreter(self.mesh, dict(self.actions), traced=self.traced)
+            self.jitted = self.ov._jit(self.interp)
+            try:
+                with self.cost.timing("rewrite"):
+                    lowered = lower(self.jitted, *self.args, **self.kwargs)
+                with self.cost.timing("compile"):
+                    self.compiled = lowered.compile()
+            except Exception as e:  # noqa: BLE001 - never worse than plain jit
+                raise self.fall_back(f"the rewritten program could not be compiled ({type(e).__name__}); "
+                                     "plain jit") from None
+            temp = temp_bytes(self.compiled)
+        return temp, shed
+
+    # -- report -----------------------------------------------------------------------------------
+    def report(self, memory: Memory, shed: dict[str, str]) -> Prepared:
+        """The rows as the program that runs has them (built here, once), and what runs."""
+        owners = {r.name for t, r in self.found if t in shed}
+        rows = [self.final_row(tag, r, shed, owners) for tag, r in self.found]
+        jk = self.ov.jit_kwargs
+        static = jk.get("static_argnums") is not None or jk.get("static_argnames")
+        run = self.compiled if self.compiled is not None and not static else self.jitted
+        return Prepared(run, self._plan(rows, memory), self.jitted)
+
+    def final_row(self, tag: str | None, r: PlanRow, shed: dict[str, str], owners: set[str]) -> PlanRow:
+        """One pair's row after the memory bound and the rewrite: shed, served, failed or kept."""
+        from autotuner.overlap.memory import gathered_bytes, mib
+
+        interp, actions = self.interp, self.actions
+        if tag in shed and tag not in actions:
+            r = r.unapplied(shed[tag] + (f" (it was chosen: {r.note})" if r.note else ""))
+        elif r.served_by and r.served_by in owners and tag not in interp.served:
+            r = replace(r, served_by="", note=r.note + "; its all-gather stays (the memory bound "
+                        "dropped the kept copy)")
+        elif tag in shed:
+            r = replace(r, note=(r.note + "; " if r.note else "") + shed[tag])
+        if r.applied and tag not in interp.applied:
+            why = interp.failed.get(tag or "") or next(
+                (w for t, w in interp.failed.items() if tag and tag.startswith(t + "_")),
+                "not applied (unknown reason)")
+            return r.unapplied(why)
+        if r.served_by and tag not in interp.served:
+            return replace(r, served_by="", note=r.note + "; but it did not reach this dot, whose all-gather stays")
+        if r.applied and tag in actions and actions[tag].keep:
+            first = (actions[tag].tags or (tag,))[0]
+            n_kept = interp.kept.get(first, 0)
+            held = gathered_bytes(actions[tag].problem)
+            span = interp.kept_span.get(first)
+            return replace(r, kept_bytes=held if n_kept else 0, note=r.note + (
+                f" ({n_kept} later equation(s) take it); it holds {mib(held)} per device over "
+                f"equations {span[0]}-{span[1]} of its jaxpr's {span[2]}" if n_kept and span else
+                "; no later equation of its jaxpr takes it, so it is not passed on"))
+        return r
+
+
+def _evidence(client: Any, program: str) -> dict[str, Any]:
+    """The client's in-program evidence for this program (problem key -> answer); {} where it
+    has none, or no such method, or fails (then the isolated winners decide, as without it)."""
+    get = getattr(client, "evidence", None)
+    if not program or get is None:
+        return {}
+    try:
+        return dict(get(program) or {})
+    except Exception as e:  # noqa: BLE001 - never worse than the isolated winners
+        log.warning("overlap: in-program evidence unavailable (%s: %s)", type(e).__name__, e)
+        return {}
