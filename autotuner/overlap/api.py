@@ -15,7 +15,7 @@ How it works, per input signature (tree, shapes, dtypes, shardings, static value
    pair to a Problem. The tag in the dot's op_name names the equation exactly; its operand and
    result types are checked against the Problem (shapes, dimension numbers, dtypes).
 3. *Choose.* Per pair, a Strategy: `strategy="auto"` asks the client through
-   `collective_einsum`'s decision table (`DECISIONS`, one per process; in a multi-process job
+   `collective_einsum`'s decision table of that client (`decisions_for(client)`; in a multi-process job
    process 0 decides and publishes it in the `jax.distributed` key-value store, so every process
    applies the same plan), and applies it only when it is `tuned` with a confidence interval above 1.0 (never slower
    by default: nearest, model or default answers stay baseline). `"baseline"` applies nothing; a
@@ -54,7 +54,7 @@ the key-value store; every process measures in lockstep (`overlap.injob.JaxSync`
 is stored through `Client.upload`: `POST /v1/results` with the client's token (the body `autotuner
 tune --service` sends), into the snapshot file for an offline client, nowhere without a token
 (the plan says which); the answer (the service's, recomputed over all it holds, else the
-session's winner by the same rule) replaces the client's and `DECISIONS`' for that problem, and
+session's winner by the same rule) replaces the client's and its decision table's for that problem, and
 step 3 applies it under the never-slower rule. Those rows have `source == "in-job"` and a note
 with what it cost (seconds, strategies tried, where it was stored); `plan().notes` has the total.
 A later job with the same shapes gets `tuned` answers and measures nothing. `tune=None` (the

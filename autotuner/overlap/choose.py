@@ -67,7 +67,7 @@ def _decide(mode: str, chosen: Any, client: Any, site: Site, evidence: dict[str,
     `evidence`: in-program evidence for this program (problem key -> the client's answer), which
     `auto` prefers to the isolated winner. `leave`: what a pair the pass leaves alone runs
     (`autotuner.strategy.reference` of the platform)."""
-    from autotuner.runtime.collective import DECISIONS
+    from autotuner.runtime.collective import decisions_for
 
     p = site.unit
     speedup = None
@@ -83,7 +83,7 @@ def _decide(mode: str, chosen: Any, client: Any, site: Site, evidence: dict[str,
         if isinstance(s, str):
             s, note = leave, s
     else:
-        d = DECISIONS.decide(p, client)
+        d = decisions_for(client).decide(p, client)
         s, source, speedup = d.strategy, d.source, d.speedup
         ci = d.confidence
         if s != leave and (s.rewrites or source in EXACT_SOURCES or not s.is_baseline):

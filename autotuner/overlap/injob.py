@@ -8,14 +8,14 @@ at most `MAX_CANDIDATES`, fewer when the seconds one strategy took so far say th
 budget holds fewer), are measured against the baseline in one `run_session` (`LocalRunner` on
 the mesh of the program's arguments, `REPS` interleaved repetitions); `Client.upload` stores
 the session (the service, the snapshot file, or nowhere without a token) and the answer replaces
-`DECISIONS`' and the client's, so every later lookup in the process sees it. A unit met once
+the client's decision table's and the client's, so every later lookup with it sees it. A unit met once
 the budget is spent stays as its answer says ("budget spent" in its row's note); the unit that
 is being measured when the budget runs out is finished.
 
 In a multi-process job every process measures the same strategies in the same order in lockstep
 (`JaxSync`: barriers through `sync_global_devices`, the max over processes of each time through
 `process_allgather`): process 0 decides what to measure and publishes it, and later the answer,
-in the `jax.distributed` key-value store, as `DECISIONS` does; only process 0 talks to the client.
+in the `jax.distributed` key-value store, as the decision tables do; only process 0 talks to the client.
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ class InJob:
     def __init__(self, client: Any, mesh: Any, budget_s: float) -> None:
         from autotuner.runtime.client import default_client
 
-        self.lookup_client = client          # what `DECISIONS.decide` is asked with (as `choose` does)
+        self.lookup_client = client          # what `decisions_for(...).decide` is asked with (as `choose` does)
         self.client = client if client is not None else default_client()
         self.mesh, self.budget_s = mesh, float(budget_s)
         self.spent = 0.0
@@ -109,7 +109,7 @@ class InJob:
     def run(self, sites: list[Any], evidence: dict[str, Any]) -> None:
         """Measure every unit of `sites` whose answer is not `tuned` (and that has no in-program
         evidence), while the budget lasts."""
-        from autotuner.runtime.collective import DECISIONS
+        from autotuner.runtime.collective import decisions_for
 
         units: dict[str, Problem | GroupedProblem] = {}
         for site in sites:
@@ -118,7 +118,7 @@ class InJob:
         for key, unit in units.items():
             if key in self.records or key in evidence:
                 continue
-            d = DECISIONS.decide(unit, self.lookup_client)
+            d = decisions_for(self.lookup_client).decide(unit, self.lookup_client)
             if d.source == "tuned":
                 continue
             self.records[key] = self._tune(unit, d)
@@ -198,7 +198,7 @@ class InJob:
 
         from autotuner.measure.local import LocalRunner
         from autotuner.measure.session import run_session
-        from autotuner.runtime.collective import DECISIONS, Decision
+        from autotuner.runtime.collective import Decision, decisions_for
 
         multi = jax.process_count() > 1
         first = jax.process_index() == 0
@@ -227,7 +227,7 @@ class InJob:
         self.spent += seconds
         self._per_strategy = session.seconds / (1 + len(plan))
         if answer is not None:
-            DECISIONS.put(Decision(unit.key, answer.strategy, "tuned", "in-job", answer.speedup, answer.confidence))
+            decisions_for(self.lookup_client).put(Decision(unit.key, answer.strategy, "tuned", "in-job", answer.speedup, answer.confidence))
             ci = f" [{answer.confidence[0]:.3f}, {answer.confidence[1]:.3f}]" if answer.confidence else ""
             won = f"winner {answer.strategy.key} x{answer.speedup or 1.0:.3f}{ci}"
         else:

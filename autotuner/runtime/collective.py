@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -29,13 +30,14 @@ from autotuner.errors import AutotunerError
 from autotuner.problem import Problem
 from autotuner.strategy import Strategy, StrategyError, parse_choice
 
-__all__ = ["DECISIONS", "Decision", "DecisionError", "DecisionTable", "collective_einsum", "decisions",
+__all__ = ["DECISIONS", "Decision", "DecisionError", "DecisionTable", "collective_einsum", "decisions", "decisions_for",
            "problem_for"]
 
 log = logging.getLogger("autotuner.runtime.collective")
 
 DECISION_TIMEOUT_S = 600.0  # how long processes > 0 wait for process 0's decision
-_KV_PREFIX = "autotuner/collective_einsum/v1/"
+_KV_PREFIX = "autotuner/collective_einsum/v2/"
+_ASKED: dict[str, int] = {}   # problem key -> how many decisions of it this process has shared
 
 
 class DecisionError(AutotunerError, RuntimeError):
@@ -57,9 +59,11 @@ class Decision:
 
 
 class DecisionTable:
-    """The decisions this process made, by problem key: one lookup (and, in a multi-process job,
-    one key-value exchange) per problem. Every trace in a process must pick the same program for
-    the same problem, so the process has one table, `DECISIONS`."""
+    """The decisions made with one client, by problem key: one lookup (and, in a multi-process job,
+    one key-value exchange) per problem. Every trace with the same client picks the same program
+    for the same problem. Each client owns its table (`decisions_for`); `DECISIONS` is the one of
+    no client (every answer the baseline), so a pass without a service never answers for a later
+    one with a service."""
 
     def __init__(self) -> None:
         self._decisions: dict[str, Decision] = {}
@@ -100,11 +104,29 @@ class DecisionTable:
 
 
 DECISIONS = DecisionTable()
+_TABLES: weakref.WeakKeyDictionary[Any, DecisionTable] = weakref.WeakKeyDictionary()
+_TABLES_LOCK = threading.Lock()
 
 
-def decisions() -> dict[str, Decision]:
-    """The decisions this process made, by problem key."""
-    return DECISIONS.snapshot()
+def decisions_for(client: Any) -> DecisionTable:
+    """The decision table of `client` (None: the default client from AUTOTUNER_SERVICE_URL, else
+    `DECISIONS`, the table of no client). A client keeps its table for its lifetime."""
+    if client is None:
+        from autotuner.runtime.client import default_client
+
+        client = default_client()
+        if client is None:
+            return DECISIONS
+    with _TABLES_LOCK:
+        table = _TABLES.get(client)
+        if table is None:
+            table = _TABLES[client] = DecisionTable()
+        return table
+
+
+def decisions(client: Any = None) -> dict[str, Decision]:
+    """The decisions made with `client` (see `decisions_for`), by problem key."""
+    return decisions_for(client).snapshot()
 
 
 # -- the Problem from traced operands -------------------------------------------------------------
@@ -199,7 +221,9 @@ def _shared_decision(problem: Problem, client: Any) -> Decision:
         log.warning("collective_einsum: %d processes but no jax.distributed key-value store; every "
                     "process uses the baseline so that they agree", jax.process_count())
         return Decision(problem.key, Strategy.baseline(), "default", "no-kv-store")
-    name = _KV_PREFIX + problem.key
+    with _TABLES_LOCK:   # the n-th decision of this problem in the job: the same n on every process
+        n = _ASKED[problem.key] = _ASKED.get(problem.key, -1) + 1
+    name = f"{_KV_PREFIX}{problem.key}/{n}"
     if jax.process_index() == 0:
         try:
             decision = _local_decision(problem, client)
@@ -251,7 +275,7 @@ def chosen_program(problem: Any, strategy: Any, client: Any, mesh: Any, op: str)
     except ValueError as e:
         raise ValueError(f"{op}: {e}") from None
     if mode == "auto":
-        chosen = DECISIONS.decide(problem, client).strategy
+        chosen = decisions_for(client).decide(problem, client).strategy
     try:
         return build(problem, chosen, mesh)
     except StrategyError as e:

@@ -26,7 +26,7 @@ from autotuner import Device
 from autotuner.examples import transformer as T
 from autotuner.overlap import OverlapError, injob, overlap
 from autotuner.runtime.client import Client
-from autotuner.runtime.collective import DECISIONS
+from autotuner.runtime.collective import DECISIONS, decisions
 from autotuner.testing import TOLERANCE, outputs_of, relative_error
 from db import Database
 from service.testing import WRITE_TOKEN, free_port, live_server
@@ -94,7 +94,7 @@ def test_first_job_measures_and_stores_the_next_job_measures_nothing(server, qui
                    and f"stored in the service {server}" in r.note for r in plan), str(plan)
         assert any("in-job tuning (tune='missing'): 4 problem(s) measured in" in n for n in plan.notes)
         for r in plan:   # applied exactly where the measured interval lies above 1
-            d = DECISIONS.snapshot()[r.key]
+            d = decisions(client)[r.key]
             assert d.source == "tuned" and d.origin == "in-job"
             assert r.applied == (not d.strategy.is_baseline and d.confidence is not None and d.confidence[0] > 1.0)
         assert_close(ov(*args), want)

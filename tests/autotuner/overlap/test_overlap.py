@@ -31,7 +31,7 @@ from autotuner import Device, Problem, Strategy, space
 from autotuner.examples import transformer as T
 from autotuner.overlap import OverlapError, Plan, overlap
 from autotuner.runtime.client import Client
-from autotuner.runtime.collective import DECISIONS
+from autotuner.runtime.collective import DECISIONS, decisions
 from autotuner.strategy import CHUNKS, DIRECTIONS, FUSES, UNROLLS
 from autotuner.testing import TOLERANCE, relative_error
 
@@ -284,6 +284,28 @@ def test_auto_applies_only_confident_tuned_winners(tmp_path):
         assert plan["bsf,fd->bsd"].strategy.is_baseline and plan["bsf,fd->bsd"].source == "default"
         assert_close(ov(*args), jax.jit(forward)(*args), "float32")
         assert len(EX.extract(ov, *args)) == 3
+    finally:
+        DECISIONS.clear()
+
+
+def test_each_client_decides_for_itself_in_one_process(tmp_path):
+    """A pass without a client decides "baseline" for every problem; a later pass in the same
+    process with a client whose snapshot names a confident ring asks that client and applies the
+    ring (the decision table is the client's, not the process's), and the first's stays baseline."""
+    forward, _, args = program("explicit", (4,), layers=1)
+    DECISIONS.clear()
+    try:
+        plain = overlap(forward, memory=None).plan(*args)
+        up = next(r for r in plain if r.name == "bsd,df->bsf")
+        assert up.strategy.is_baseline and up.source == "default" and DECISIONS.snapshot()[up.key].origin == "unconfigured"
+        device = Device.current()
+        ring = Strategy("ring", "bidi", 2, "full", "loop", False)
+        client = Client(offline=_snapshot(tmp_path, device, {up.key: (ring, 1.3, 1.1, 1.5)}), device=device)
+        served = {r.name: r for r in overlap(forward, memory=None, client=client).plan(*args)}
+        assert served["bsd,df->bsf"].strategy == ring and served["bsd,df->bsf"].source == "tuned"
+        assert decisions(client)[up.key].strategy == ring and DECISIONS.snapshot()[up.key].strategy.is_baseline
+        again = {r.name: r for r in overlap(forward, memory=None).plan(*args)}
+        assert again["bsd,df->bsf"].strategy.is_baseline
     finally:
         DECISIONS.clear()
 

@@ -269,7 +269,7 @@ def _check_collective(client: Client, mesh: Any, a: Any, b: Any, want: np.ndarra
         return collective_einsum("ij,jk->ik", x, y, mesh=mesh, out_spec=P(None, None), client=client)
 
     np.testing.assert_allclose(np.asarray(f(a, b)), want, rtol=1e-5, atol=1e-5)
-    (d,) = decisions().values()
+    (d,) = decisions(client).values()
     assert d.problem_key == SMALL.key and d.source == "tuned" and d.strategy == Strategy.from_dict(RING)
     # forced strategies, and the auto-mesh error naming the fix
     g = jax.jit(lambda x, y: collective_einsum("ij,jk->ik", x, y, mesh=mesh, out_spec=P(None, None),
@@ -294,8 +294,8 @@ def test_collective_einsum_service_down_compiles_with_the_baseline(fresh_decisio
     with Client(f"http://127.0.0.1:{free_port()}", device=DEVICE, timeout=0.5) as client:
         out = _two_shapes(client, mesh, a, b)
     np.testing.assert_allclose(np.asarray(out)[:16], want, rtol=1e-5, atol=1e-5)
-    assert all(d.strategy.is_baseline and d.origin == "fallback" for d in decisions().values())
-    assert len(decisions()) == 2 and len(_warnings(caplog)) == 1
+    assert all(d.strategy.is_baseline and d.origin == "fallback" for d in decisions(client).values())
+    assert len(decisions(client)) == 2 and len(_warnings(caplog)) == 1
 
 
 def _two_shapes(client: Client, mesh: Any, a: Any, b: Any) -> Any:
@@ -333,7 +333,7 @@ WORKER = textwrap.dedent("""
     f = jax.jit(lambda x, y: collective_einsum("ij,jk->ik", x, y, mesh=mesh, out_spec=P(None, None),
                                                client=client))
     result = np.asarray(f(a, b).addressable_shards[0].data)
-    (d,) = decisions().values()
+    (d,) = decisions(client).values()
     with open(out, "w") as fh:
         json.dump({"pid": pid, "strategy": d.strategy.to_dict(), "source": d.source, "origin": d.origin,
                    "error": float(np.abs(result - A @ B).max()), "device": Device.current().to_dict()}, fh)
@@ -422,6 +422,6 @@ def test_transformer_block_with_auto_projections_matches_the_plain_block(server,
         for ga, gp in zip(jax.tree.leaves(g_auto), jax.tree.leaves(g_plain), strict=True):
             np.testing.assert_allclose(np.asarray(ga), np.asarray(gp), rtol=1e-4, atol=1e-4)
 
-    made = decisions()
+    made = decisions(client)
     assert {k: d.strategy for k, d in made.items()} == chosen
     assert {d.source for d in made.values()} == {"tuned"}

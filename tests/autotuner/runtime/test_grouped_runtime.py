@@ -94,7 +94,7 @@ def test_the_served_winner_runs_and_a_grouped_lookup_is_answered(tmp_path, fresh
                                                         client=client))(x, *ws)
         for g, w in zip(got, want, strict=True):
             np.testing.assert_allclose(np.asarray(g), w, rtol=1e-5, atol=1e-5)
-        (d,) = decisions().values()
+        (d,) = decisions(client).values()
         assert d.problem_key == gp.key and d.source == "tuned" and d.strategy == Strategy.from_dict(BIDI)
         # the same group, its einsums in another order: the same key, the same answer
         swapped = {"einsums": list(reversed(gp.to_dict()["einsums"]))}
