@@ -4,7 +4,9 @@ shared with the training job's in-job answers); this module reads the records fo
 Per ``strategy_key`` only the latest measurement counts (latest ``created_at``, then highest
 ``id``): a strategy whose latest attempt failed is out, even if it once ran. The reference
 (``baseline``, or ``plain`` on TPU: `autotuner.rule.reference_method`) is the default winner;
-another strategy replaces it as `autotuner.rule.choose` says. No winner (``None``) when nothing
+another strategy replaces it as `autotuner.rule.choose` says. A winner's ``baseline_s`` is the
+reference's median in the winner's own session (``ratio * median_s``), so ``speedup`` is always
+``baseline_s / winner_s``: a row never shows a speedup above 1 with the winner slower. No winner (``None``) when nothing
 qualifies and the reference has no successful latest measurement: there is no evidence to serve.
 """
 
@@ -44,7 +46,11 @@ def choose_winner(measurements: Iterable[MeasurementRecord], reference: str = BA
     if won is not None:
         best = ok[won]
         assert best.ratio is not None
-        return _choice(best, best.ratio, best.ratio_lo, best.ratio_hi, ref_s, evidence, len(all_ms))
+        # the reference's time in the winner's own session (ratio = its median / the winner's, over
+        # the same paired repetitions), not the latest reference record's, which may be another
+        # session's: the row's speedup is then exactly baseline_s / winner_s
+        paired_s = best.ratio * best.median_s if best.median_s is not None else ref_s
+        return _choice(best, best.ratio, best.ratio_lo, best.ratio_hi, paired_s, evidence, len(all_ms))
     if ref is None:
         return None
     return _choice(ref, 1.0, None, None, ref_s, evidence, len(all_ms))

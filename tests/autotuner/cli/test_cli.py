@@ -63,6 +63,9 @@ def test_tune_search_respects_the_trial_budget(tmp_path):
     assert r.returncode == 0, r.stderr
     line = json.loads(r.stdout)
     assert line["trials"] == 6
+    # the row's times and its speedup come from one session (the search times the baseline in
+    # every batch; the row's baseline is the winner's own batch's)
+    assert line["speedup"] == pytest.approx(line["baseline_s"] / line["winner_s"], rel=1e-9)
     db = tmp_path / "autotuner.db"
     keys = [k for (k,) in rows(db, "select strategy_key from measurements where strategy_key like 'ring%'")]
     assert len(keys) == 6 and len(set(keys)) == 6              # nothing measured twice
