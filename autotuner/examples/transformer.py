@@ -17,7 +17,9 @@ result). The default, `plain_proj`, is `jax.reshard` + `jnp.einsum(..., out_shar
 which GSPMD emits exactly those collectives; pass another `proj` (e.g. one that routes through
 `autotuner.collective_einsum`) to `block`/`forward`.
 
-The mesh uses explicit sharding (`AxisType.Explicit`), so every array's layout is part of its type.
+The mesh uses explicit sharding (`AxisType.Explicit`), so every array's layout is part of its type;
+on a mesh whose axes are Auto (`--mesh` without `--explicit`) `plain_proj` constrains each result
+to its layout and GSPMD places the collectives.
 """
 
 from __future__ import annotations
@@ -83,8 +85,12 @@ def _pentry(e: tuple[str, ...]) -> Any:
     return None if not e else e[0] if len(e) == 1 else tuple(e)
 
 
-def plain_proj(equation: str, x: jax.Array, w: jax.Array, out_spec: P) -> jax.Array:
-    """The einsum with the collective its layout needs, as GSPMD emits it (no overlap)."""
+def plain_proj(equation: str, x: jax.Array, w: jax.Array, out_spec: P, mesh: Mesh | None = None) -> jax.Array:
+    """The einsum with the collective its layout needs, as GSPMD emits it (no overlap). On a mesh
+    whose axes are Auto (`mesh`: the concrete mesh), the result is constrained to `out_spec` and
+    GSPMD places the collective; on an Explicit one it is written out."""
+    if mesh is not None and AxisType.Explicit not in set(mesh.axis_types):
+        return jax.lax.with_sharding_constraint(jnp.einsum(equation, x, w), NamedSharding(mesh, out_spec))
     mesh = jax.typeof(x).sharding.mesh
     p = layout_problem(equation, x, w, out_spec, mesh)
     pat = p.pattern
@@ -131,7 +137,7 @@ def init_params(key: jax.Array, cfg: Config, mesh: Mesh) -> list[dict[str, jax.A
 def block(params: dict[str, jax.Array], x: jax.Array, cfg: Config, mesh: Mesh,
           proj: Proj | None = None) -> jax.Array:
     """One pre-LN transformer block; x [batch, seq, d_model] sharded on seq, result likewise."""
-    proj = proj or plain_proj
+    proj = proj or functools.partial(plain_proj, mesh=mesh)
     a, b = cfg.axis, cfg.batch_axis
     h = layer_norm(x, params["ln1_g"], params["ln1_b"])
     qkv = proj("bsd,dthk->bsthk", h, params["wqkv"], P(b, None, None, a, None))    # QKV

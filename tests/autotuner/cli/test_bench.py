@@ -137,3 +137,19 @@ def test_bench_model_stores_its_result_with_db(forced_ring, tmp_path):
     assert "bench_id" not in json.loads(again.stdout)
     with Database(url) as database, database.session(read_only=True) as s:
         assert len(repo.list_model_benches(s)) == 1
+
+
+@pytest.mark.slow
+def test_a_forced_ring_on_the_example_step_with_an_auto_mesh_runs_to_its_result(tmp_path):
+    """`--mesh` without `--explicit` gives the example an Auto mesh (GSPMD places its collectives);
+    the forced ring is applied where it fits, the rest stay plain, and the run ends with its
+    result (it once died in the example's own layout code: 'layout not decomposed: letter h ...')."""
+    r = run(["bench-model", "autotuner.examples.transformer:train_step", "--kwargs", '{"layers": 1}',
+             "--target", "inproc:2", "--mesh", '{"model": 2}', "--strategy", "ring-uni-c1-ufull-loop-send",
+             "--reps", "5", "--no-store", "--json"], tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout)
+    assert got["error"] <= 4e-5 and got["speedup"] > 0
+    applied = [p for p in got["plan"] if p["applied"]]
+    assert applied and all(p["source"] == "forced" for p in got["plan"])
+    assert all(p["note"] for p in got["plan"] if not p["applied"])   # each pair left alone says why
