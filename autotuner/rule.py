@@ -11,7 +11,8 @@ in-job answers (`autotuner.runtime.answers`) all decide with this one function.
 3. A winner is only a winner over `plain` too: where plain was measured beside a baseline
    reference, a decomposition's lower end must also clear plain's ratio, as it clears the
    reference's (1.0) (`plain` itself may win over the baseline: leave the pair to the compiler).
-4. Among those, the highest ratio wins (ties: the higher lower end, then the earlier evidence).
+4. A control (`serial`: a ring decomposed but not overlapped) never wins.
+5. Among those, the highest ratio wins (ties: the higher lower end, then the earlier evidence).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import NamedTuple
 __all__ = ["EXACT_SOURCES", "MIN_SPEEDUP_LO", "SOURCES", "Evidence", "choose", "exact_source", "reference_method"]
 
 MIN_SPEEDUP_LO = 1.0
+CONTROL = "serial"   # a ring's serial control (`Strategy.serial`): measured, never a winner
 
 # Where an answer comes from: this problem's winner, measured (`tuned`) or, on a compile-only
 # target (`aot:tpu:...`), estimated by the compiler (`estimated`, never `tuned`); or from elsewhere.
@@ -64,7 +66,7 @@ def choose(evidence: Sequence[Evidence], reference: str) -> int | None:
         plain_floor = floor
     best: tuple[float, float, int] | None = None
     for i, e in enumerate(evidence):
-        if e.method == reference or not (_finite(e.ratio) and _finite(e.lo)):
+        if e.method in (reference, CONTROL) or not (_finite(e.ratio) and _finite(e.lo)):
             continue
         assert e.ratio is not None and e.lo is not None
         need = floor if e.method in ("plain", "baseline") else plain_floor

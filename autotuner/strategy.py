@@ -21,6 +21,13 @@ windowed einsum already (on by default above its size threshold), so there it is
 every candidate is measured against (`reference`); elsewhere it is a candidate beside the
 hand-written `baseline`, and a decomposition wins only if it beats both.
 
+`serial` is a ring's control: the same decomposition (same knobs, same transfers, same partial
+einsums), decomposed but not overlapped: each step's transfer completes before its partial einsum
+starts (or, with send_first false, the einsum before the transfer), by a data dependency XLA
+cannot remove. Timed beside the ring and the baseline, it splits a ring's speedup into what the
+decomposition's traffic saves (`baseline / serial`) and what overlap adds (`serial / ring`).
+`space` never offers it, the winner rule never picks it (`is_control`), the pass never applies it.
+
 `xla_windowed` compiles the plain einsum (GSPMD inserts the collective, as the baseline's plain
 collective + einsum) with XLA's own windowed-einsum ("collective matmul") pass switched on by
 per-compile options (`autotuner.strategies.compiler_options`); `multi_stream` asks XLA:GPU to run
@@ -35,7 +42,7 @@ from typing import Any, Literal
 
 from autotuner.errors import AutotunerError
 
-METHODS = ("baseline", "plain", "ring", "xla_windowed")
+METHODS = ("baseline", "plain", "ring", "serial", "xla_windowed")
 DIRECTIONS = ("uni", "bidi")
 CHUNKS = (1, 2, 4)
 UNROLLS: tuple[int | str, ...] = (1, 2, "full")
@@ -53,7 +60,7 @@ class StrategyError(AutotunerError, ValueError):
 
 @dataclass(frozen=True)
 class Strategy:
-    method: Literal["baseline", "plain", "ring", "xla_windowed"] = "baseline"
+    method: Literal["baseline", "plain", "ring", "serial", "xla_windowed"] = "baseline"
     direction: Literal["uni", "bidi"] = "uni"
     chunks: int = 1
     unroll: int | str = "full"
@@ -94,6 +101,23 @@ class Strategy:
     @property
     def is_baseline(self) -> bool:
         return self.method == "baseline"
+
+    @property
+    def is_control(self) -> bool:
+        """A measurement control (`serial`), never a candidate."""
+        return self.method == "serial"
+
+    def serial(self) -> Strategy:
+        """This ring's control: the same ring, decomposed but not overlapped."""
+        if self.method != "ring":
+            raise StrategyError("method", f"only a ring has a serial control, not {self.method!r}")
+        return Strategy("serial", self.direction, self.chunks, self.unroll, self.fuse, self.send_first)
+
+    def ring(self) -> Strategy:
+        """The ring a `serial` control controls (a ring: itself)."""
+        if self.method not in ("ring", "serial"):
+            raise StrategyError("method", f"{self.method!r} is not a ring")
+        return Strategy("ring", self.direction, self.chunks, self.unroll, self.fuse, self.send_first)
 
     @property
     def rewrites(self) -> bool:

@@ -37,6 +37,7 @@ def check_valid(problem: Problem | GroupedProblem, s: Strategy) -> None:
         raise StrategyError("method", "the einsum is local: only the baseline applies")
     if s.method == "xla_windowed":
         return  # which platforms honour its options is for `space` to say
+    s = s.ring() if s.method == "serial" else s   # a control runs wherever its ring does
     if s.direction == "bidi" and n < 3:
         raise StrategyError("direction", f"bidirectional needs at least 3 devices on the ring, got {n}")
     if pat.kind == "reduce_scatter" and s.fuse != "loop":

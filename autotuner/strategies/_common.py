@@ -216,3 +216,24 @@ def loop_trips(p: Problem, direction: str) -> int:
     if direction == "uni":
         return n - 1
     return (n - 1) // 2 - 1
+
+
+def after(dep: Any) -> Any:
+    """int32 0 computed from one element of each array in `dep` (None: Python 0). Added to a
+    slice offset, it makes the slice (so the einsum reading it) wait until `dep` is computed.
+    `x * 0 > 1` is false for every float x, NaN and inf included (x * 0 is then NaN), and XLA
+    cannot fold it: x * 0 of a float is not 0 when x is not finite."""
+    zero: Any = 0
+    for x in jax.tree.leaves(dep):
+        zero = zero + (x.reshape(-1)[0] * 0 > 1).astype(jnp.int32)
+    return zero
+
+
+def held(xs: Sequence[jax.Array], dep: Any) -> list[jax.Array]:
+    """`xs` unchanged, but computed only once `dep` is: each plus `after(dep)` (an int32 0 that XLA
+    cannot fold). A serial control (`Strategy.serial`) holds a step's einsum input until its
+    transfer has arrived, or a transfer until the einsum before it is done, so nothing overlaps."""
+    wait = after(dep)
+    if isinstance(wait, int):
+        return list(xs)
+    return [x + wait.astype(x.dtype) for x in xs]

@@ -21,7 +21,15 @@ import jax.numpy as jnp
 from jax import lax
 
 from autotuner.problem import Problem
-from autotuner.strategies._common import Blocks, Layout, block_start, run_loop, slice_dim, split
+from autotuner.strategies._common import (
+    Blocks,
+    Layout,
+    block_start,
+    held,
+    run_loop,
+    slice_dim,
+    split,
+)
 from autotuner.strategy import Strategy
 
 
@@ -101,13 +109,27 @@ class Ring:
         self.n, self.lay, self.xdim, self.cs = a0.n, a0.lay, a0.xdim, a0.cs
 
     def step(self, bufs: list[jax.Array], ws: Sequence[jax.Array], b: Any,
-             send: Callable[[list[jax.Array]], list[jax.Array]] | None):
+             send: Callable[[list[jax.Array]], list[jax.Array]] | None,
+             where: Sequence[tuple[Any, int]] | None = None):
         """One ring step, of block `b`: the shared buffers' transfer and every member's partial
-        einsums of them."""
-        nxt = send(bufs) if send is not None and self.s.send_first else None
-        parts = [[ag.partial(buf, w, b, k) for k, buf in enumerate(bufs)] for ag, w in zip(self.ags, ws, strict=True)]
-        if send is not None and not self.s.send_first:
+        einsums of them (buffer j is chunk j of block `b`, or `where[j]`: (block, chunk))."""
+        at = list(where) if where is not None else [(b, k) for k in range(len(bufs))]
+
+        def compute(bufs: list[jax.Array]) -> list[list[jax.Array]]:
+            return [[ag.partial(buf, w, bb, k) for buf, (bb, k) in zip(bufs, at, strict=True)]
+                    for ag, w in zip(self.ags, ws, strict=True)]
+
+        serial = self.s.is_control and send is not None
+        if send is None:
+            return None, compute(bufs)
+        if self.s.send_first:
             nxt = send(bufs)
+            parts = compute(held(bufs, nxt) if serial else bufs)   # control: the transfer first
+        else:
+            parts = compute(bufs)
+            nxt = send(held(bufs, parts) if serial else bufs)      # control: the einsum first
+        if serial:   # and whatever comes next (the next transfers, einsums) after all of this step's
+            nxt = held(nxt, (nxt, parts))
         return nxt, parts
 
     def absorb(self, outs: Sequence[jax.Array], parts: list[list[jax.Array]], b: Any) -> tuple:
@@ -158,6 +180,12 @@ class Ring:
 
         def both(r, lb, t, send: bool):
             """Right-moving buffers hold block i-t, left-moving ones block i+t."""
+            if send and s.is_control:   # the control: both transfers, then both einsums, as one step
+                c = s.chunks
+                where = [(at(-t), k) for k in range(c)] + [(at(t), k) for k in range(c)]
+                sent, parts = self.step([*r, *lb], ws, None, lambda b: lay.send(b[:c], lay.right())
+                                        + lay.send(b[c:], lay.left()), where)
+                return sent[:c], sent[c:], [p[:c] for p in parts], [p[c:] for p in parts]
             sr = (lambda b: lay.send(b, lay.right())) if send else None
             sl = (lambda b: lay.send(b, lay.left())) if send else None
             nr, pr = self.step(r, ws, at(-t), sr)
@@ -182,12 +210,19 @@ class Ring:
         if even and s.send_first:
             ra = lay.send(halves(r, 0, half), lay.right())
             lb_b = lay.send(halves(lb, half, self.cs), lay.left())
+            if s.is_control:   # the antipodal halves arrive before the last einsums start
+                r, lb = held(r, (ra, lb_b)), held(lb, (ra, lb_b))
         _, _, pr, pl = both(r, lb, h, False)
         anti: list[list[jax.Array]] = [[] for _ in range(k)]
         if even:
             if not s.send_first:
-                ra = lay.send(halves(r, 0, half), lay.right())
-                lb_b = lay.send(halves(lb, half, self.cs), lay.left())
+                src_r, src_l = halves(r, 0, half), halves(lb, half, self.cs)
+                if s.is_control:   # sent once the last einsums are done
+                    src_r, src_l = held(src_r, (pr, pl)), held(src_l, (pr, pl))
+                ra = lay.send(src_r, lay.right())
+                lb_b = lay.send(src_l, lay.left())
+            if s.is_control:   # no antipodal einsum before both halves have arrived
+                ra, lb_b = held(ra, (ra, lb_b)), held(lb_b, (ra, lb_b))
             for m, (ag, w) in enumerate(zip(self.ags, ws, strict=True)):
                 for c in range(s.chunks):
                     pa = ag.partial(ra[c], w, at(n // 2), c, 0)

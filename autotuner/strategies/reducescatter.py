@@ -30,19 +30,16 @@ import jax.numpy as jnp
 from jax import lax
 
 from autotuner.problem import Problem
-from autotuner.strategies._common import Blocks, Layout, block_start, run_loop, slice_dim
+from autotuner.strategies._common import (
+    Blocks,
+    Layout,
+    after,
+    block_start,
+    held,
+    run_loop,
+    slice_dim,
+)
 from autotuner.strategy import Strategy
-
-
-def after(dep: Any) -> Any:
-    """int32 0 computed from one element of each array in `dep` (None: Python 0). Added to a
-    slice offset, it makes the slice (so the einsum reading it) wait until `dep` is computed.
-    `x * 0 > 1` is false for every float x, NaN and inf included (x * 0 is then NaN), and XLA
-    cannot fold it: x * 0 of a float is not 0 when x is not finite."""
-    zero: Any = 0
-    for x in jax.tree.leaves(dep):
-        zero = zero + (x.reshape(-1)[0] * 0 > 1).astype(jnp.int32)
-    return zero
 
 
 class _RS:
@@ -80,17 +77,19 @@ class _RS:
             out.append(fn(k, out[-1] if out else dep))
         return out
 
-    def hop(self, accs: list[list[jax.Array]], parts_fn: Callable[[], list[list[jax.Array]]],
+    def hop(self, accs: list[list[jax.Array]], parts_fn: Callable[[Any], list[list[jax.Array]]],
             perms: list[list[tuple[int, int]]]) -> list[list[jax.Array]]:
         """Send each list of accumulators one hop along its permutation and add this device's
-        partials (which start after the accumulators are computed), in the strategy's order."""
-        send = lambda: [self.lay.send(a, p) for a, p in zip(accs, perms, strict=True)]  # noqa: E731
-        if self.s.send_first:
-            recv = send()
-            parts = parts_fn()
+        partials (which start after the accumulators are computed, and `parts_fn`'s argument), in
+        the strategy's order; the serial control holds the second of the two until the first is done."""
+        serial = self.s.is_control
+        send = lambda accs: [self.lay.send(a, p) for a, p in zip(accs, perms, strict=True)]  # noqa: E731
+        if self.s.send_first:   # the control sends once every accumulator is computed
+            recv = send([held(a, accs) for a in accs] if serial else accs)
+            parts = parts_fn(recv if serial else None)
         else:
-            parts = parts_fn()
-            recv = send()
+            parts = parts_fn(None)
+            recv = send([held(a, (accs, parts)) for a in accs] if serial else accs)
         return [[self.add(r, q) for r, q in zip(rs, qs, strict=True)] for rs, qs in zip(recv, parts, strict=True)]
 
     def uni(self, lhs: jax.Array, rhs: jax.Array) -> jax.Array:
@@ -99,7 +98,7 @@ class _RS:
         accs = self.chain(lambda k, d: self.partial(lhs, rhs, at, -1, k, dep=d).astype(lay.dtype), None)
 
         def body(accs, t):
-            parts = lambda: [self.chain(lambda k, d: self.partial(lhs, rhs, at, -1 - t, k, dep=d), accs)]  # noqa: E731
+            parts = lambda w: [self.chain(lambda k, d: self.partial(lhs, rhs, at, -1 - t, k, dep=d), (accs, w))]  # noqa: E731
             return self.hop([accs], parts, [lay.right()])[0], None
 
         accs, _ = run_loop(body, accs, 1, n, s.unroll)
@@ -122,10 +121,14 @@ class _RS:
             pa = self.chain(lambda k, d: self.partial(lhs, rhs, at, n // 2, k, 0, half, d).astype(lay.dtype), None)
             pb = self.chain(lambda k, d: self.partial(lhs, rhs, at, n // 2, k, half, half, d).astype(lay.dtype), pa)
             if s.send_first:
+                if s.is_control:   # the first half is sent once the second is computed too
+                    pa = held(pa, pb)
                 ra, lb = lay.send(pa, lay.right()), lay.send(pb, lay.left())
-                pr, pl = both_parts(1, pb)
+                pr, pl = both_parts(1, (pb, ra, lb) if s.is_control else pb)
             else:
                 pr, pl = both_parts(1, pb)
+                if s.is_control:
+                    pa, pb = held(pa, (pr, pl)), held(pb, (pr, pl))
                 ra, lb = lay.send(pa, lay.right()), lay.send(pb, lay.left())
             r = [jnp.concatenate([self.add(a, lax.slice_in_dim(q, 0, half, axis=self.odim)),
                                   lax.slice_in_dim(q, half, self.cs, axis=self.odim).astype(lay.dtype)],
@@ -133,6 +136,8 @@ class _RS:
             lft = [jnp.concatenate([lax.slice_in_dim(q, 0, half, axis=self.odim).astype(lay.dtype),
                                     self.add(b, lax.slice_in_dim(q, half, self.cs, axis=self.odim))],
                                    axis=self.odim) for b, q in zip(lb, pl, strict=True)]
+            if s.is_control:   # their first elements need not wait for both halves: the whole does
+                r, lft = held(r, (ra, lb)), held(lft, (ra, lb))
         else:
             pr, pl = both_parts(1, None)
             r = [q.astype(lay.dtype) for q in pr]
@@ -140,17 +145,21 @@ class _RS:
 
         def body(carry, t):
             r, lft = carry
-            r, lft = self.hop([r, lft], lambda: both_parts(t, (r, lft)), [lay.right(), lay.left()])
+            r, lft = self.hop([r, lft], lambda w: both_parts(t, (r, lft, w)), [lay.right(), lay.left()])
             return (r, lft), None
 
         (r, lft), _ = run_loop(body, (r, lft), 2, h + 1, s.unroll)
         # last hop: both accumulators arrive at their owner, who adds its own block
-        own_parts = lambda: self.chain(lambda k, d: self.partial(lhs, rhs, at, 0, k, dep=d), (r, lft))  # noqa: E731
+        own_parts = lambda w: self.chain(lambda k, d: self.partial(lhs, rhs, at, 0, k, dep=d), (r, lft, w))  # noqa: E731
         if s.send_first:
+            if s.is_control:
+                r, lft = held(r, (r, lft)), held(lft, (r, lft))
             rr, rl = lay.send(r, lay.right()), lay.send(lft, lay.left())
-            own = own_parts()
+            own = own_parts((rr, rl) if s.is_control else None)
         else:
-            own = own_parts()
+            own = own_parts(None)
+            if s.is_control:
+                r, lft = held(r, own), held(lft, own)
             rr, rl = lay.send(r, lay.right()), lay.send(lft, lay.left())
         outs = [(a.astype(q.dtype) + b.astype(q.dtype) + q).astype(lay.dtype)
                 for a, b, q in zip(rr, rl, own, strict=True)]

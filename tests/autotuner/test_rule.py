@@ -58,3 +58,16 @@ def test_the_threshold_and_the_rule_are_defined_once():
     assert not hasattr(db.rule, "MIN_SPEEDUP_LO")
     assert "choose(" in Path(db.rule.__file__).read_text()
     assert "choose(" in (root / "autotuner" / "runtime" / "answers.py").read_text()
+
+
+def test_a_serial_control_never_wins_and_its_strategy_round_trips():
+    """`serial` (a ring decomposed but not overlapped) is measured beside the ring to split its
+    speedup; it is never a winner, however fast, and it names its ring."""
+    from autotuner.strategy import Strategy
+
+    assert choose([Evidence("baseline", 1.0, None, None), Evidence("serial", 1.6, 1.5, 1.7)], "baseline") is None
+    assert choose([Evidence("serial", 1.6, 1.5, 1.7), Evidence("ring", 1.2, 1.1, 1.3)], "baseline") == 1
+    ring = Strategy("ring", "bidi", 2, 1, "after", False)
+    control = ring.serial()
+    assert control.key == "serial-bidi-c2-u1-after-comp" and control.is_control and not control.rewrites
+    assert Strategy.from_dict(control.to_dict()) == control and control.ring() == ring
