@@ -159,7 +159,10 @@ def tune(
                                    seconds=seconds, reps=reps, aa=aa,
                                    precision=Precision(target=precision, seconds=precision_seconds))
                 if service and row["error"] is None:
+                    mine = (row["winner"], row["speedup"])
                     row.update(upload_run(service, token, ts.device, problem, database, run_id, name=name))
+                    if (row["winner"], row["speedup"]) != mine:   # the service's winner: not this split's
+                        row.update(serial_s=None, traffic_speedup=None, overlap_speedup=None)
                 rows.append(row)
                 if json_out:
                     sys.stdout.write(json.dumps(row) + "\n")
@@ -224,7 +227,7 @@ def failed_row(ts: Any, name: str, problem: Any, error: str, t0: float) -> dict[
             "bound_s": None, "efficiency": None, "aa_width": None, "aa_ci": None, "trials": 0,
             "seconds": round(time.perf_counter() - t0, 3),
             "failed": None, "error": error[:2000], "estimated": ts.device.estimated, "reference": None,
-            "candidates": []}
+            "serial_s": None, "traffic_speedup": None, "overlap_speedup": None, "candidates": []}
 
 
 def say_model(database: Any, device: Any) -> None:
@@ -251,6 +254,8 @@ def tune_one(ts: Any, database: Any, name: str, problem: Any, run_id: str, *, ex
 
     t0 = time.perf_counter()
     strategies = space(problem, ts.device)
+    if exhaustive:   # each ring beside its serial control, which splits its speedup (traffic x overlap)
+        strategies += [s.serial() for s in strategies if s.method == "ring"]
     ref = reference(ts.device.platform)
     err.print(f"[bold]{name}[/]: {problem.describe()} — {len(strategies)} strategies", highlight=False)
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
@@ -276,6 +281,9 @@ def tune_one(ts: Any, database: Any, name: str, problem: Any, run_id: str, *, ex
             winner, n_trials, failed, bound_s = result.winner, result.trials, result.failed, result.bound_s
             aa_w, aa_ci = result.aa_width, list(result.aa_ci) if result.aa_ci else None
             seen = result.candidates
+    from autotuner.measure.session import controls_of
+
+    controls = controls_of(seen)
     # a worker that found every trial of the budget claimed by the study's other workers measured
     # nothing itself: not a failure (their winner is stored when they finish)
     by_others = not exhaustive and n_trials == 0 and result.studied > 0
@@ -294,16 +302,31 @@ def tune_one(ts: Any, database: Any, name: str, problem: Any, run_id: str, *, ex
             "bound_s": bound_s, "efficiency": eff, "aa_width": aa_w, "aa_ci": aa_ci, "trials": n_trials,
             "seconds": round(time.perf_counter() - t0, 3), "failed": failed, "error": error,
             "estimated": ts.device.estimated, "reference": ref.key,
-            "candidates": [candidate_row(c, ts.device.estimated) for c in seen]}
+            **winner_split(winner, seen),
+            "candidates": [candidate_row(c, ts.device.estimated, controls) for c in seen]}
+
+
+def winner_split(winner: Any, seen: list[Any]) -> dict[str, Any]:
+    """The winner's `serial_s`, `traffic_speedup`, `overlap_speedup` (`measure.split`) where its
+    serial control was timed in the session that gave the winner's speedup; else None each."""
+    from autotuner.measure.session import controls_of, split
+
+    mine = [c for c in seen if winner is not None and c.key == winner.strategy_key]
+    if not mine or mine[-1].ratio != winner.speedup:
+        return split(seen[0], None) if seen else {"serial_s": None, "traffic_speedup": None, "overlap_speedup": None}
+    return split(mine[-1], controls_of(seen).get(id(mine[-1])))
 
 
 ESTIMATED = ESTIMATED_LABEL
 
 
-def candidate_row(c: Any, estimated: bool) -> dict[str, Any]:
+def candidate_row(c: Any, estimated: bool, controls: dict[int, Any] | None = None) -> dict[str, Any]:
     """One strategy of a problem as `tune --json` lists it beside the others: compiled or why,
     its memory on the target, its time (measured, or estimated on an `aot` target) and speedup
-    over the reference, and on `aot` what the schedule overlaps."""
+    over the reference, the split of a ring's speedup by its serial control where `controls` has
+    it (`measure.split`), and on `aot` what the schedule overlaps."""
+    from autotuner.measure.session import split
+
     mem, sched = c.memory or {}, c.schedule or {}
     return {"strategy": c.strategy, "key": c.key, "compiled": c.compile_s is not None, "status": c.status,
             "reason": c.reason, "temp_bytes": mem.get("temp_size_in_bytes"),
@@ -313,26 +336,29 @@ def candidate_row(c: Any, estimated: bool) -> dict[str, Any]:
             "async_collectives": sched.get("async_collectives"),
             "overlapped_collectives": sched.get("overlapped_collectives"),
             "collective_s": sched.get("collective_s"), "exposed_s": sched.get("exposed_s"),
-            "compute_s": sched.get("compute_s"), "hidden_fraction": sched.get("hidden_fraction")}
+            "compute_s": sched.get("compute_s"), "hidden_fraction": sched.get("hidden_fraction"),
+            **split(c, (controls or {}).get(id(c)))}
 
 
 def print_candidates(row: dict[str, Any], rings: int = 3) -> None:
-    """The reference, plain, xla_windowed, the baseline and the best few rings of one problem."""
-    cands = row["candidates"]
+    """The reference, plain, xla_windowed, the baseline and the best few rings of one problem
+    (each strategy's latest timing), a ring's speedup split by its serial control where timed."""
+    cands = list({c["key"]: c for c in row["candidates"]}.values())
     est = row.get("estimated")
     t = Table(title=f"{row['name']}: candidates" + (f" — {ESTIMATED}" if est else ""), show_lines=False)
     for col in ("strategy", "compiled", "estimated ms" if est else "median ms", f"x {row['reference']}",
-                "temp MB", "async", "overlapped", "hidden"):
+                "x traffic", "x overlap", "temp MB", "async", "overlapped", "hidden"):
         t.add_column(col)
     ok = sorted((c for c in cands if c["status"] == "ok" and c["key"].startswith("ring")),
                 key=lambda c: c["estimated_s"] if est else c["median_s"])
-    shown = [c for c in cands if not c["key"].startswith("ring")] + ok[:rings]
+    shown = [c for c in cands if not c["key"].startswith(("ring", "serial"))] + ok[:rings]
     shown += [c for c in cands if c["status"] != "ok" and c not in shown][:rings]
     for c in shown:
         secs = c["estimated_s"] if est else c["median_s"]
         hid = c["hidden_fraction"]
         t.add_row(c["key"], "yes" if c["compiled"] else "no: " + (c["reason"] or "")[:60],
                   fmt(secs and secs * 1e3, ".3f"), fmt(c["speedup"], ".3f"),
+                  fmt(c["traffic_speedup"], ".3f"), fmt(c["overlap_speedup"], ".3f"),
                   fmt(c["temp_bytes"] and c["temp_bytes"] / 1e6, ".1f"), fmt(c["async_collectives"], "d"),
                   fmt(c["overlapped_collectives"], "d"), "-" if hid is None else f"{hid * 100:.0f}%")
     err.print(t)
@@ -357,19 +383,19 @@ def upload_run(service: str, token: str | None, device: Any, problem: Any, datab
             "winner_s": w.get("winner_s")}
 
 
-
 def print_summary(rows: list[dict[str, Any]]) -> None:
     from autotuner.strategy import Strategy
 
     t = Table(title="tuned", show_lines=False)
-    for col in ("problem", "winner", "speedup", "CI", "A/A +/-", "baseline ms", "winner ms", "bound ms",
-                "eff", "trials", "failed", "time s"):
+    for col in ("problem", "winner", "speedup", "CI", "x traffic", "x overlap", "A/A +/-", "baseline ms",
+                "winner ms", "bound ms", "eff", "trials", "failed", "time s"):
         t.add_column(col)
     for r in rows:
         w = Strategy.from_dict(r["winner"]).key if r["winner"] else "-" if r["error"] is None else "FAILED"
         ci = r["speedup_ci"] or [None, None]
         aa = r.get("aa_width")
         t.add_row(r["name"], w, fmt(r["speedup"], ".3f"), f"{fmt(ci[0], '.2f')}-{fmt(ci[1], '.2f')}",
+                  fmt(r.get("traffic_speedup"), ".3f"), fmt(r.get("overlap_speedup"), ".3f"),
                   "-" if aa is None else f"{aa * 100:.1f}%",
                   fmt(r["baseline_s"] and r["baseline_s"] * 1e3, ".2f"),
                   fmt(r["winner_s"] and r["winner_s"] * 1e3, ".2f"),

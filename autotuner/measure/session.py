@@ -56,6 +56,35 @@ class Candidate:
         return asdict(self)
 
 
+def split(c: Candidate, control: Candidate | None) -> dict[str, float | None]:
+    """A ring's speedup split by its serial control (`Strategy.serial`) timed in the same session:
+    `serial_s` (the control's median), `traffic_speedup` = reference / control (what decomposing
+    saves without overlap: the transfers the ring moves instead of the collective's) and
+    `overlap_speedup` = control / ring (what running the transfers beside the einsums adds); their
+    product is the ring's `ratio`. All None without a usable control."""
+    none: dict[str, float | None] = {"serial_s": None, "traffic_speedup": None, "overlap_speedup": None}
+    if control is None or control.status != "ok" or c.status != "ok":
+        return none
+    traffic, ratio = control.ratio, c.ratio
+    if traffic is None or ratio is None or not (math.isfinite(traffic) and math.isfinite(ratio)) or traffic <= 0:
+        return none
+    return {"serial_s": control.median_s, "traffic_speedup": traffic, "overlap_speedup": ratio / traffic}
+
+
+def controls_of(cands: Sequence[Candidate]) -> dict[int, Candidate]:
+    """`id(ring candidate)` -> its serial control, for each control in `cands` (the candidates of
+    one or more sessions, in order): the ring is the latest candidate of its key before the
+    control, so both come from the control's session (`run_session` keeps the given order)."""
+    out: dict[int, Candidate] = {}
+    latest: dict[str, Candidate] = {}
+    for c in cands:
+        s = Strategy.from_dict(c.strategy)
+        if s.is_control and s.ring().key in latest:
+            out[id(latest[s.ring().key])] = c
+        latest[c.key] = c
+    return out
+
+
 @dataclass
 class SessionResult:
     problem: dict[str, Any]

@@ -332,5 +332,17 @@ def tune_problem(ts: Any, database: Any, problem: Problem, *, trials: int = 24, 
             break  # nothing can be checked or timed against a baseline that does not run
     with database.session(read_only=True) as s:
         winner = repo.get_winner(s, device.key, problem.key)
+    if winner is not None and winner.method == "ring" and measured:
+        # the winner beside the reference and its serial control, in one more session: its speedup
+        # split into traffic and overlap from the same samples (stored like any measurement; the
+        # winner is read again, as this is now its latest measurement)
+        ring = Strategy.from_dict(winner.strategy)
+        session = run_session(ts.runner(problem), problem, [ref, ring, ring.serial()], reps=reps, parts=False,
+                              aa=aa, precision=precision, reference=ref)
+        seen.extend(session.candidates)
+        aa_by_key[ring.key] = (session.aa_width, (session.aa.ratio_lo, session.aa.ratio_hi) if session.aa else None)
+        store.save(database, device, problem, store.session_items(session, run_id), name=name or None)
+        with database.session(read_only=True) as s:
+            winner = repo.get_winner(s, device.key, problem.key)
     aa_w, aa_ci = aa_by_key.get(winner.strategy_key, (None, None)) if winner is not None else (None, None)
     return TuneResult(winner, measured, failed, bound_s, len(_measured_keys(study)), aa_w, aa_ci, seen)

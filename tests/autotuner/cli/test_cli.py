@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import sqlite3
 import subprocess
@@ -45,6 +46,17 @@ def test_tune_exhaustive_json_and_database(tmp_path):
                              "bound_s", "efficiency", "trials", "seconds", "failed"}
         assert line["device"]["topology"] == "inproc" and line["device"]["num_devices"] == 2
         assert line["failed"] == 0 and line["winner"]["method"] in ("baseline", "plain", "ring")
+        # every ring beside its serial control: its speedup = traffic x overlap, from one session
+        rings = [c for c in line["candidates"] if c["key"].startswith("ring-")]
+        controls = [c for c in line["candidates"] if c["key"].startswith("serial-")]
+        assert rings and len(controls) == len(rings)
+        for c in rings:
+            assert c["serial_s"] > 0 and math.isclose(c["traffic_speedup"] * c["overlap_speedup"], c["speedup"],
+                                                      rel_tol=1e-9), c
+        if line["winner"]["method"] == "ring":
+            assert math.isclose(line["traffic_speedup"] * line["overlap_speedup"], line["speedup"], rel_tol=1e-9)
+        else:
+            assert line["traffic_speedup"] is None and line["overlap_speedup"] is None
     assert "tuned" in r.stderr                                  # the summary table
     db = tmp_path / "autotuner.db"
     assert rows(db, "select count(*) from winners") == [(2,)]

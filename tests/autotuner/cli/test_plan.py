@@ -117,4 +117,7 @@ def test_plan_from_the_database_a_tune_wrote(tmp_path):
     if row["applied"]:
         assert row["strategy"] == winner.key and row["speedup"] > 1
     else:
-        assert row["strategy"] == "baseline" and (winner.is_baseline or "interval" in row["note"])
+        # a winner that rewrites nothing (the baseline, or plain: XLA's own program beat it) is the
+        # row's strategy as it is; a ring left alone says why
+        assert (row["strategy"] == winner.key and not winner.rewrites) or (
+            row["strategy"] == "baseline" and "interval" in row["note"])

@@ -258,3 +258,30 @@ def test_a_rings_serial_control_overlaps_nothing_in_xla_tpus_schedule(tpu_device
         assert got["serial"]["estimated_s"] > got["ring"]["estimated_s"], ring.key
         checked += 1
     assert checked >= 6 and overlapping >= checked // 2
+
+
+def test_the_searchs_ring_winner_is_split_into_traffic_and_overlap_from_one_session(tpu_devices, tmp_path: Path):
+    """After the search, a ring winner is timed once more beside the reference and its serial
+    control: the row's speedup is traffic x overlap from that session. On XLA:TPU the README's
+    MLP-up ring wins by overlap: decomposed without it, it would be slower than plain jit."""
+    from autotuner.cli.tune import winner_split
+    from autotuner.tune.search import tune_problem
+    from db import Database
+
+    tpu_devices("v5e:4x2")
+    p = Problem.from_dict(MLP_UP)
+    ring = Strategy("ring", "bidi", 4, "full", "loop", True)
+    database = Database(f"sqlite:///{tmp_path / 'autotuner.db'}")
+    database.upgrade()
+    with TargetSession(Target.parse("aot:tpu:v5e:4x2")) as ts:
+        got = tune_problem(ts, database, p, trials=1, order=lambda cands: [ring], use_model=False)
+    assert got.winner is not None and got.winner.strategy_key == ring.key, got.winner
+    keys = [c.key for c in got.candidates]
+    assert keys.count(ring.key) == 2 and keys[-1] == ring.serial().key   # the search's, then the split's
+    row = winner_split(got.winner, got.candidates)
+    assert row["serial_s"] > 0 and row["traffic_speedup"] < 1 < row["overlap_speedup"]
+    assert math.isclose(row["traffic_speedup"] * row["overlap_speedup"], got.winner.speedup, rel_tol=1e-9)
+    with database.session(read_only=True) as s:   # the control is stored, never the winner
+        from db import repository as repo
+
+        assert repo.get_winner(s, got.winner.device_key, p.key).strategy_key == ring.key
