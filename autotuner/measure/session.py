@@ -165,6 +165,8 @@ def run_session(runner: Runner, problem: Problem, strategies: Sequence[Strategy]
     `precision` (see `adaptive.Precision`): after the `reps` fixed repetitions, repeat the
     baseline, the twin and the candidates that could still win until the leader's speedup CI is
     that narrow or the time budget ends (`SessionResult.stop` says which).
+    A ring's serial control (`Strategy.serial`) is timed exactly when its ring is, so that the
+    two have the same repetitions (`split`); it never leads or stops the session.
     """
     t_start = time.perf_counter()
     ref = reference if reference is not None else Strategy.baseline()
@@ -177,6 +179,9 @@ def run_session(runner: Runner, problem: Problem, strategies: Sequence[Strategy]
         strategies.append(strategies[0])
         cands.append(Candidate(strategies[0].to_dict(), AA_KEY))
     twin = len(cands) - 1 if aa else None
+    # a ring's serial control rides along with its ring: timed while the ring is, never a contender
+    by_key = {c.key: i for i, c in enumerate(cands)}
+    ride = {i: by_key.get(st.ring().key) for i, st in enumerate(strategies) if st.is_control}
     for c, st in zip(cands, runner.prepare(problem, strategies, parts), strict=True):
         c.compile_s, c.memory, c.error = st.get("compile_s"), st.get("memory"), st.get("rel_error")
         c.schedule = st.get("schedule")
@@ -234,13 +239,13 @@ def run_session(runner: Runner, problem: Problem, strategies: Sequence[Strategy]
         if not adaptive or base.status != "ok":
             break
         assert precision is not None
-        timed = _timed(cands, live, twin)
+        timed = _timed(cands, [i for i in live if i not in ride], twin)
         decision = decide(base.samples, timed, precision, aa=twin in timed)
         stop = decision.stop or (CAP if r >= precision.max_reps else None) or (
             BUDGET if time.perf_counter() - t_fixed >= precision.seconds else None) or ""
         if stop:
             break
-        live = [i for i in live if i in (0, twin) or i in decision.keep]
+        live = [i for i in live if i in (0, twin) or i in decision.keep or ride.get(i, -1) in decision.keep]
     if log and adaptive and r > reps:
         log(f"  {r} repetitions ({stop})")
     for c in cands:

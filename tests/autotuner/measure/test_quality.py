@@ -183,3 +183,25 @@ def test_the_other_reference_keeps_its_fixed_repetitions_and_does_not_hold_the_s
     assert s.stop == DECIDED and s.reps == 5
     plain = next(c for c in s.candidates if c.key == "plain")
     assert plain.n == 5 and plain.ratio_lo is not None and plain.ratio_lo < 1 < plain.ratio_hi
+
+
+def test_a_serial_control_is_timed_exactly_when_its_ring_is_and_never_leads():
+    """Each ring's control rides along with it (the same repetitions, so `split`'s traffic x overlap
+    is the ring's speedup from one set of samples); a control faster than every ring (made-up
+    times) neither leads the session nor keeps it going, and the ring that falls behind takes
+    its control with it."""
+    from autotuner.measure.session import controls_of, split
+
+    p = Problem.from_dict(PROBLEM)
+    a, b = [s for s in space(p) if s.method == "ring"][:2]
+    # baseline, ring a (the winner), ring b (slower), a's control, b's control (fastest of all)
+    clock = _Clock({0: (1.0, 0.05), 1: (0.7, 0.05), 2: (0.95, 0.05), 3: (0.9, 0.05), 4: (0.4, 0.05)})
+    s = run_session(clock, p, [Strategy.baseline(), a, b, a.serial(), b.serial()], reps=5, parts=False,
+                    precision=Precision(target=0.02, seconds=600))
+    ra, rb, ca, cb = s.candidates
+    assert (ca.key, cb.key) == (a.serial().key, b.serial().key)
+    assert s.stop and s.reps > 5 and ra.n == ca.n == s.reps and rb.n == cb.n < s.reps
+    got = split(ra, controls_of(s.candidates).get(id(ra)))
+    assert got["serial_s"] == ca.median_s
+    assert abs(got["traffic_speedup"] * got["overlap_speedup"] - ra.ratio) < 1e-12
+    assert 1.05 < got["traffic_speedup"] < 1.2 and 1.2 < got["overlap_speedup"] < 1.4
