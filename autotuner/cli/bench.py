@@ -69,6 +69,10 @@ def print_report(res: Any, plan: list[dict[str, Any]], out: Any = None) -> None:
         print_attribution(res, out)
     if res.profile:
         print_profile(res.profile, out)
+        share = res.overlap_share
+        out.write("overlap explains " + (f"{100 * share:.0f}%" if share is not None else "- (no saving)")
+                  + " of the step's saving (more time with collectives beside compute / time saved, "
+                  "profile means)\n")
     if not any(r["applied"] for r in plan):
         out.write("no pair is decomposed: overlapped is plain jit (see the plan)\n")
     if res.slower:

@@ -175,8 +175,24 @@ class StepBench:
         got = [p.saved_s for p in self.pairs if p.saved_s is not None]
         return sum(got) if got else None
 
+    @property
+    def overlap_share(self) -> float | None:
+        """The share of the step's saving that overlap explains: how much longer the overlapped
+        step runs collectives beside compute than plain does, over what it saves per step (both
+        from the profile's means, `bench-model --profile`); None without a profile or a saving."""
+        p, o = (self.profile or {}).get("plain"), (self.profile or {}).get("overlapped")
+        if not p or not o or p["step_ms"] - o["step_ms"] <= 0:
+            return None
+        return (o["overlap_ms"] - p["overlap_ms"]) / (p["step_ms"] - o["step_ms"])
+
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        for name in ("plain", "overlapped"):   # where the step's time goes, from the profile
+            prof = (self.profile or {}).get(name)
+            d[name].update({k: prof[f"{m}_ms"] / 1e3 if prof else None for k, m in (
+                ("collective_s", "collective"), ("compute_s", "compute"), ("side_by_side_s", "overlap"),
+                ("idle_s", "idle"))})
+        d["overlap_share"] = self.overlap_share
         d.update(slower=self.slower, comm_s=self.comm_s, decomposed_comm_s=self.decomposed_comm_s,
                  predicted_saved_s=self.predicted_saved_s,
                  pairs=[{**asdict(p), "saved_s": p.saved_s} for p in self.pairs])

@@ -35,7 +35,7 @@ def forced_ring(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.Co
     url = f"sqlite:///{tmp_path / 'results.db'}"
     upgrade(url)
     r = run(["bench-model", *EXAMPLE, "--memory", "none", "--target", "inproc:4", "--strategy", "ring-uni-c1-u1-loop-send",
-             "--reps", "5", "--pair-reps", "3", "--attribute", "--json", "--db", url], tmp_path)
+             "--reps", "5", "--pair-reps", "3", "--attribute", "--profile", "2", "--json", "--db", url], tmp_path)
     return r, url
 
 
@@ -49,6 +49,17 @@ def test_bench_model_forced_ring_json(forced_ring):
         s = got[name]
         assert s["n"] == 5 and len(got[f"{name}_samples"]) == 5 and s["lo_s"] <= s["median_s"] <= s["hi_s"]
     assert math.isclose(got["speedup"], got["plain"]["median_s"] / got["overlapped"]["median_s"])
+    # --profile: where each step's time goes, and how much of the saving overlap explains
+    for name in ("plain", "overlapped"):
+        s, prof = got[name], got["profile"][name]
+        assert s["collective_s"] > 0 and s["compute_s"] > 0 and 0 <= s["side_by_side_s"] <= s["collective_s"]
+        assert math.isclose(s["side_by_side_s"], prof["overlap_ms"] / 1e3)
+    saved = got["profile"]["plain"]["step_ms"] - got["profile"]["overlapped"]["step_ms"]
+    if saved > 0:
+        assert math.isclose(got["overlap_share"], (got["overlapped"]["side_by_side_s"] - got["plain"]["side_by_side_s"])
+                            * 1e3 / saved)
+    else:
+        assert got["overlap_share"] is None
     assert got["speedup_lo"] <= got["speedup"] <= got["speedup_hi"]
     assert got["slower"] == (got["speedup_hi"] < 1)
     keys = {p["key"] for p in got["plan"]}
