@@ -26,6 +26,7 @@ from typing import Any
 
 from autotuner.device import Device, DeviceError
 from autotuner.errors import AutotunerError
+from autotuner.files import write_atomic
 
 FORMAT = "autotuner-snapshot"
 VERSION = 1
@@ -187,9 +188,7 @@ def put_entry(path: str | os.PathLike[str], device: Device, answer: dict[str, An
     if not any(isinstance(d, dict) and d.get("key") == pair[0] for d in devices):
         doc["devices"] = [*devices, {"key": device.key, **device.to_dict()}]
     target = Path(path)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(json.dumps(doc))
-        os.replace(tmp, target)
+        write_atomic(target, json.dumps(doc))
     except OSError as e:
         raise SnapshotError(f"cannot write the snapshot {target}: {e}") from None

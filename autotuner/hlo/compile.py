@@ -19,6 +19,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
+from autotuner.files import write_atomic
 from autotuner.hlo.pairs import ExtractReport
 from autotuner.hlo.problems import extract_from_hlo
 from autotuner.hlo.shardings import MeshInfo
@@ -310,7 +311,7 @@ def _load(cache: str, key: str) -> tuple[str, str, int, int | None] | None:
             got = json.load(fh)
         temp = got.get("temp_bytes")
         return str(got["pre"]), str(got["post"]), int(got["parts"]), None if temp is None else int(temp)
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except Exception:  # noqa: BLE001 - any byte string (truncated gzip: EOFError, zlib.error) is a miss
         return None
 
 
@@ -331,15 +332,13 @@ def _store(cache: str, key: str, pre: str, post: str, parts: int, temp: int | No
 
 
 def keep_json(path: str, doc: Any, what: str) -> None:
-    """`doc` as JSON at `path` (gzipped when it ends in .gz), whole or not at all: written to a
-    temp file of this process and thread, then renamed. A cache that cannot be written is no
-    reason to fail: a warning names `what` was not kept."""
+    """`doc` as JSON at `path` (gzipped when it ends in .gz), whole or not at all and fsynced
+    (`files.write_atomic`). A cache that cannot be written is no reason to fail: a warning names
+    `what` was not kept."""
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
-        with (gzip.open(tmp, "wt") if path.endswith(".gz") else open(tmp, "w")) as fh:
-            json.dump(doc, fh)
-        os.replace(tmp, path)
+        data = json.dumps(doc).encode("utf-8")
+        write_atomic(path, gzip.compress(data, mtime=0) if path.endswith(".gz") else data)
     except OSError as e:
         log.warning("could not keep %s in %s: %s", what, path, e)
 

@@ -336,6 +336,6 @@ def _load_found(path: str, tagger: Interpreter) -> tuple[Found, list[str]] | Non
         return Found(sites, rows, [str(n) for n in doc["notes"]]), [str(a) for a in doc["added"]]
     except FileNotFoundError:
         return None
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:   # unreadable: read the texts
+    except Exception as e:  # noqa: BLE001 - any byte string that is not what was kept: read the texts
         log.debug("overlap: the kept pairs in %s are not usable (%s: %s)", path, type(e).__name__, e)
         return None

@@ -20,8 +20,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from autotuner import snapshot
-from autotuner.strategy import Strategy
+from autotuner import rule, snapshot
+from autotuner.device import estimated_topology
+from autotuner.files import write_atomic
+from autotuner.strategy import Strategy, StrategyError
 
 __all__ = ["KEY_RE", "DiskCache", "LookupResult"]
 
@@ -145,11 +147,9 @@ class DiskCache:
         """Rename a corrupt file aside (kept for a look) and write its good lines anew; INFO,
         not a warning: the client repairs it, losing only the lines that did not parse."""
         aside = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}")
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
             os.replace(path, aside)
-            tmp.write_text("".join(json.dumps(r.to_json()) + "\n" for r in good), encoding="utf-8")
-            os.replace(tmp, path)
+            write_atomic(path, "".join(json.dumps(r.to_json()) + "\n" for r in good))
             log.info("lookup cache %s: %d bad line(s); moved to %s, rewritten", path, bad, aside.name)
         except OSError as e:
             log.warning("lookup cache %s: %d bad line(s), cannot set it aside: %s", path, bad, e)
@@ -202,3 +202,21 @@ def session_answer(session: Any, problem_key: str, device_key: str) -> LookupRes
     ci = (float(best.ratio_lo), float(best.ratio_hi)) if best.ratio_hi is not None else None
     return LookupResult(Strategy.from_dict(best.strategy), "tuned", float(best.ratio), ci, None, now,
                         problem_key, device_key, origin="in-job", trials=trials)
+
+
+def snapshot_answers(path: str | os.PathLike[str]) -> tuple[dict[tuple[str, str], LookupResult], list[Any]]:
+    """A snapshot file's answers by (device key, problem key), `estimated` for a device whose
+    topology says so, and its evidence items. Raises `snapshot.SnapshotError`."""
+    doc = snapshot.load(path)
+    out = {}
+    estimated = {d.get("key") for d in doc.get("devices") or []
+                 if isinstance(d, dict) and estimated_topology(d.get("topology"))}
+    for i, e in enumerate(doc.get("entries", [])):
+        try:
+            source = rule.exact_source(isinstance(e, dict) and e.get("device_key") in estimated)
+            r = LookupResult.from_json({**e, "source": source}, "snapshot")
+        except (KeyError, TypeError, ValueError, StrategyError) as err:
+            raise snapshot.SnapshotError(f"{path}: entries[{i}] is invalid: {err}") from None
+        out[(r.device_key, r.problem_key)] = r
+    evidence = doc.get("evidence")
+    return out, evidence if isinstance(evidence, list) else []

@@ -54,12 +54,12 @@ from typing import Any
 import httpx
 
 from autotuner import rule, snapshot
-from autotuner.device import Device, estimated_topology
+from autotuner.device import Device
 from autotuner.errors import AutotunerError
+from autotuner.files import write_atomic
 from autotuner.problem import GroupedProblem, Problem, problem_from_dict
-from autotuner.runtime.answers import KEY_RE, LookupResult, session_answer
+from autotuner.runtime.answers import KEY_RE, LookupResult, session_answer, snapshot_answers
 from autotuner.runtime.answers import DiskCache as _DiskCache
-from autotuner.strategy import StrategyError
 
 __all__ = ["KEY_RE", "Client", "ClientError", "LookupResult", "default_client", "load_snapshot", "session_answer"]
 
@@ -101,27 +101,21 @@ def _decode(content: bytes, where: str) -> Any:
 
 def load_snapshot(path: str | os.PathLike[str]) -> dict[tuple[str, str], LookupResult]:
     """The answers of a snapshot file (``GET /v1/snapshot``), by (device key, problem key)."""
-    return _load_offline(path)[0]
-
-
-def _load_offline(path: str | os.PathLike[str]) -> tuple[dict[tuple[str, str], LookupResult], list[Any]]:
-    """A snapshot file's answers (see `load_snapshot`) and its evidence items."""
     try:
-        doc = snapshot.load(path)
+        return snapshot_answers(path)[0]
     except snapshot.SnapshotError as e:
         raise ClientError(str(e)) from None
-    out = {}
-    estimated = {d.get("key") for d in doc.get("devices") or []
-                 if isinstance(d, dict) and estimated_topology(d.get("topology"))}
-    for i, e in enumerate(doc.get("entries", [])):
-        try:
-            source = rule.exact_source(isinstance(e, dict) and e.get("device_key") in estimated)
-            r = LookupResult.from_json({**e, "source": source}, "snapshot")
-        except (KeyError, TypeError, ValueError, StrategyError) as err:
-            raise ClientError(f"{path}: entries[{i}] is invalid: {err}") from None
-        out[(r.device_key, r.problem_key)] = r
-    evidence = doc.get("evidence")
-    return out, evidence if isinstance(evidence, list) else []
+
+
+def _read_offline(path: str | os.PathLike[str]) -> tuple[dict[tuple[str, str], LookupResult], list[Any]]:
+    """A client's snapshot (`answers.snapshot_answers`): one that cannot be read (missing,
+    truncated, garbage, another format) is a client with no answers, said once as a warning,
+    never an exception at the training job's start (every pair keeps its default)."""
+    try:
+        return snapshot_answers(path)
+    except snapshot.SnapshotError as e:
+        log.warning("autotuner: %s; this client has no answers, so every pair keeps its default", e)
+        return {}, []
 
 
 class Client:
@@ -153,7 +147,7 @@ class Client:
         self._cache: dict[tuple[str, str], LookupResult] = {}          # by (device key, problem key)
         self._keys: dict[Problem | Device, str] = {}
         self._disk = _DiskCache(Path(cache_dir)) if cache_dir is not None else None
-        self._snapshot, self._evidence_items = _load_offline(offline) if offline is not None else (None, [])
+        self._snapshot, self._evidence_items = _read_offline(offline) if offline is not None else (None, [])
         self._evidence: dict[tuple[str, str], dict[str, Any]] = {}   # (device key, program key) -> answers
         self.offline = offline
         self._http: httpx.Client | None = None
@@ -444,10 +438,10 @@ class Client:
             doc = snapshot.check(_decode(resp.content, "GET /v1/snapshot"), "GET /v1/snapshot")
         except snapshot.SnapshotError as e:
             raise ClientError(str(e)) from None
-        target = Path(path)
-        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(doc))
-        os.replace(tmp, target)
+        try:
+            write_atomic(path, json.dumps(doc))
+        except OSError as e:
+            raise ClientError(f"cannot write the snapshot {path}: {e}") from None
         return len(doc.get("entries") or [])
 
     def clear_cache(self) -> None:

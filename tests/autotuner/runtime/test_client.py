@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 from autotuner import Device, Problem, Strategy
-from autotuner.runtime.client import Client, ClientError, LookupResult
+from autotuner.runtime.client import Client, ClientError, LookupResult, load_snapshot
 from autotuner.testing import outputs_of
 from autotuner.tune import store
 from db import Database
@@ -197,7 +197,7 @@ def test_disk_cache_answers_when_the_service_is_down(server, tmp_path, caplog):
     assert len(_warnings(caplog)) == 1
 
 
-def test_offline_snapshot(server, tmp_path):
+def test_offline_snapshot(server, tmp_path, caplog):
     url, _ = server
     path = tmp_path / "snapshot.json"
     with Client(url, device=DEVICE) as client:
@@ -208,10 +208,22 @@ def test_offline_snapshot(server, tmp_path):
     assert offline.lookup(OTHER).origin == "fallback"
     assert offline.lookup(TUNED).origin == "memory"
     assert "token" not in repr(offline)
-    bad = tmp_path / "bad.json"
-    bad.write_text(json.dumps({"format": "something-else"}))
-    with pytest.raises(ClientError, match="not an autotuner snapshot"):
-        Client(offline=bad)
+    # a snapshot that cannot be read is a client without answers, said once, never an exception
+    # at the job's start: another format, garbage, a file cut short, none at all
+    good = path.read_bytes()
+    cases = {"other.json": json.dumps({"format": "something-else"}).encode(), "garbage.json": b"\x00\xff{[",
+             "cut.json": good[: len(good) // 2]}
+    for name, data in cases.items():
+        (tmp_path / name).write_bytes(data)
+    for name in [*cases, "missing.json"]:
+        with caplog.at_level(logging.WARNING, "autotuner.runtime.client"):
+            caplog.clear()
+            broken = Client(offline=tmp_path / name, device=DEVICE)
+            got = broken.lookup(TUNED)
+        assert got.origin == "fallback" and got.strategy.is_baseline, name
+        assert [r for r in caplog.records if "this client has no answers" in r.getMessage()], name
+    with pytest.raises(ClientError, match="cannot read the snapshot"):
+        load_snapshot(tmp_path / "cut.json")   # reading it on purpose still says why
     with pytest.raises(ValueError, match="needs a service url"):
         Client()
 
