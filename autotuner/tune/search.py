@@ -191,9 +191,12 @@ def _ask(study: Any, valid: set[str], worker: str, lease_s: float) -> tuple[Any,
         t.set_user_attr("measured", False)
         study.tell(t, state=optuna.trial.TrialState.PRUNED)
         return t, None
-    t.set_user_attr("strategy_key", s.key)
-    t.set_user_attr("worker", worker)
+    # the lease and the worker before the key: a trial that names a strategy always has a lease,
+    # so a worker killed between these writes leaves a trial that `_reclaim_stale` can expire
+    # (written the other way round, such a trial counted as measured for ever: one strategy short)
     t.set_user_attr("lease_until", time.time() + lease_s)
+    t.set_user_attr("worker", worker)
+    t.set_user_attr("strategy_key", s.key)
     return t, s
 
 

@@ -325,11 +325,27 @@ def test_cli_factory_writes_a_problems_file(tmp_path, mesh4):
     assert [r["name"] for r in rows] == doc["names"]
 
 
-def test_cli_auto_is_the_default_and_says_how_to_get_explicit(tmp_path, mesh4):
-    """An Explicit-sharding program on the default (Auto) mesh: one line naming --explicit."""
-    res = CliRunner().invoke(_app(), ["extract", "autotuner.examples.transformer:example", "--out",
-                                      str(tmp_path / "p.json"), "--mesh", '{"model": 4}', "--kwargs", '{"layers": 1}'])
-    assert res.exit_code == 2 and "Auto axis types" in res.output and "--explicit" in res.output
+def test_cli_auto_is_the_default_and_says_how_to_get_explicit(tmp_path, mesh4, monkeypatch):
+    """A program written for sharding in types (it reads its operand's layout from its type, as
+    `jnp.einsum(..., out_sharding=...)` code does) on the default (Auto) mesh: one line naming
+    --explicit. (The example transformer runs on both since it constrains on an Auto mesh.)"""
+    (tmp_path / "typed.py").write_text(textwrap.dedent("""
+        import jax, jax.numpy as jnp
+        from jax.sharding import NamedSharding, PartitionSpec as P
+
+        def program(mesh):
+            x = jax.device_put(jnp.ones((8, 16)), NamedSharding(mesh, P("model", None)))
+            def f(x):
+                (row, _) = tuple(jax.typeof(x).sharding.spec) + (None, None)
+                if row != "model":
+                    raise ValueError("the layout is not in the type")
+                return x * 2
+            return f, (x,)
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    res = CliRunner().invoke(_app(), ["extract", "typed:program", "--out", str(tmp_path / "p.json"),
+                                      "--mesh", '{"model": 4}'])
+    assert res.exit_code == 2 and "Auto axis types" in res.output and "--explicit" in res.output, res.output
     assert "Traceback" not in res.output
 
 

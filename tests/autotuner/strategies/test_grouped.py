@@ -51,8 +51,17 @@ SEEDS = list(range(10))
 def test_random_group_every_strategy(seed: int) -> None:
     rng = np.random.default_rng(1000 + seed)
     gp = random_group(rng, n=seed % 8 + 1)
-    every = autotuner.space(gp)   # and the serial controls of the fully unrolled rings
-    check_all(gp, every + [s.serial() for s in every if s.method == "ring" and s.unroll == "full"])
+    check_all(gp, autotuner.space(gp))
+
+
+def test_a_groups_serial_controls_match_einsum() -> None:
+    """The serial controls (`Strategy.serial`) of a group's rings, one way and both ways, compute
+    its einsums (the ring driver is the single problem's, whose controls test_strategies checks
+    on every seed)."""
+    gp = random_group(np.random.default_rng(1006), n=7)
+    rings = [s for s in autotuner.space(gp) if s.method == "ring" and s.unroll == "full" and s.chunks == 1]
+    controls = [next(s for s in rings if s.direction == d).serial() for d in ("uni", "bidi")]
+    check_all(gp, controls)
 
 
 def test_generator_covers_classes_sides_and_sizes() -> None:

@@ -369,7 +369,7 @@ def test_every_strategy_of_a_3d_or_4d_problem_matches_einsum(p):
     a, b = inputs(p, seed=3)
     ref = reference(p, a, b)
     strategies = autotuner.space(p)
-    strategies += [s.serial() for s in strategies if s.method == "ring" and s.unroll == 1]   # rolled loops' controls
+    strategies += [s.serial() for s in strategies if s.method == "ring" and s.unroll == 1][:2]   # rolled loops' controls
     for g in range(0, len(strategies), 16):
         chunk = strategies[g: g + 16]
         fns = [autotuner.build(p, s, mesh) for s in chunk]

@@ -60,8 +60,9 @@ def test_random_problem_every_strategy(seed):
     p = random_problem(rng, kind=kind, n=n)
     every = autotuner.space(p)
     # each ring's serial control (decomposed, not overlapped) computes the same einsum; the fully
-    # unrolled rings' controls cover every other knob (direction, chunks, fuse, send_first)
-    controls = [s.serial() for s in every if s.method == "ring" and s.unroll == "full"]
+    # unrolled rings' controls cover direction, chunks and send_first, fuse alternating by seed
+    controls = [s.serial() for s in every if s.method == "ring" and s.unroll == "full"
+                and s.fuse == ("loop", "after")[seed // 2 % 2]]
     check_all(p, every + controls)
 
 
