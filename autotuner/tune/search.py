@@ -341,9 +341,8 @@ def tune_problem(ts: Any, database: Any, problem: Problem, *, trials: int = 24, 
         # winner is read again, as this is now its latest measurement)
         ring = Strategy.from_dict(winner.strategy)
         session = run_session(ts.runner(problem), problem, [ref, ring, ring.serial()], reps=reps, parts=False,
-                              aa=aa, precision=precision, reference=ref)
+                              aa=False, precision=precision, reference=ref)   # the search's batches had the A/A
         seen.extend(session.candidates)
-        aa_by_key[ring.key] = (session.aa_width, (session.aa.ratio_lo, session.aa.ratio_hi) if session.aa else None)
         store.save(database, device, problem, store.session_items(session, run_id), name=name or None)
         with database.session(read_only=True) as s:
             winner = repo.get_winner(s, device.key, problem.key)

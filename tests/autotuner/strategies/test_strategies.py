@@ -62,7 +62,7 @@ def test_random_problem_every_strategy(seed):
     # each ring's serial control (decomposed, not overlapped) computes the same einsum; the fully
     # unrolled rings' controls cover direction, chunks and send_first, fuse alternating by seed
     controls = [s.serial() for s in every if s.method == "ring" and s.unroll == "full"
-                and s.fuse == ("loop", "after")[seed // 2 % 2]]
+                and s.fuse == ("loop", "after")[seed // 2 % 2]] if seed % 3 == 0 else []   # 12 seeds: both kinds, n 1-8
     check_all(p, every + controls)
 
 
