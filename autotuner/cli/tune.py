@@ -162,7 +162,9 @@ def tune(
                     mine = (row["winner"], row["speedup"])
                     row.update(upload_run(service, token, ts.device, problem, database, run_id, name=name))
                     if (row["winner"], row["speedup"]) != mine:   # the service's winner: not this split's
-                        row.update(serial_s=None, traffic_speedup=None, overlap_speedup=None)
+                        from autotuner.measure.session import NO_SPLIT
+
+                        row.update(NO_SPLIT)
                 rows.append(row)
                 if json_out:
                     sys.stdout.write(json.dumps(row) + "\n")
@@ -222,12 +224,14 @@ def tune_or_fail(ts: Any, database: Any, name: str, problem: Any, run_id: str, *
 
 
 def failed_row(ts: Any, name: str, problem: Any, error: str, t0: float) -> dict[str, Any]:
+    from autotuner.measure.session import NO_SPLIT
+
     return {"key": problem.key, "name": name, "problem": problem.to_dict(), "device": ts.device.to_dict(),
             "winner": None, "speedup": None, "speedup_ci": None, "baseline_s": None, "winner_s": None,
             "bound_s": None, "efficiency": None, "aa_width": None, "aa_ci": None, "trials": 0,
             "seconds": round(time.perf_counter() - t0, 3),
             "failed": None, "error": error[:2000], "estimated": ts.device.estimated, "reference": None,
-            "serial_s": None, "traffic_speedup": None, "overlap_speedup": None, "candidates": []}
+            **NO_SPLIT, "candidates": []}
 
 
 def say_model(database: Any, device: Any) -> None:
@@ -302,19 +306,20 @@ def tune_one(ts: Any, database: Any, name: str, problem: Any, run_id: str, *, ex
             "bound_s": bound_s, "efficiency": eff, "aa_width": aa_w, "aa_ci": aa_ci, "trials": n_trials,
             "seconds": round(time.perf_counter() - t0, 3), "failed": failed, "error": error,
             "estimated": ts.device.estimated, "reference": ref.key,
-            **winner_split(winner, seen),
+            **winner_split(winner, seen, controls),
             "candidates": [candidate_row(c, ts.device.estimated, controls) for c in seen]}
 
 
-def winner_split(winner: Any, seen: list[Any]) -> dict[str, Any]:
+def winner_split(winner: Any, seen: list[Any], controls: dict[int, Any]) -> dict[str, Any]:
     """The winner's `serial_s`, `traffic_speedup`, `overlap_speedup` (`measure.split`) where its
-    serial control was timed in the session that gave the winner's speedup; else None each."""
-    from autotuner.measure.session import controls_of, split
+    serial control (`controls`: `measure.session.controls_of(seen)`) was timed in the session that
+    gave the winner's speedup; else None each."""
+    from autotuner.measure.session import NO_SPLIT, split
 
     mine = [c for c in seen if winner is not None and c.key == winner.strategy_key]
     if not mine or mine[-1].ratio != winner.speedup:
-        return split(seen[0], None) if seen else {"serial_s": None, "traffic_speedup": None, "overlap_speedup": None}
-    return split(mine[-1], controls_of(seen).get(id(mine[-1])))
+        return dict(NO_SPLIT)
+    return split(mine[-1], controls.get(id(mine[-1])))
 
 
 ESTIMATED = ESTIMATED_LABEL

@@ -56,18 +56,20 @@ class Candidate:
         return asdict(self)
 
 
+NO_SPLIT: dict[str, float | None] = {"serial_s": None, "traffic_speedup": None, "overlap_speedup": None}
+
+
 def split(c: Candidate, control: Candidate | None) -> dict[str, float | None]:
     """A ring's speedup split by its serial control (`Strategy.serial`) timed in the same session:
     `serial_s` (the control's median), `traffic_speedup` = reference / control (what decomposing
     saves without overlap: the transfers the ring moves instead of the collective's) and
     `overlap_speedup` = control / ring (what running the transfers beside the einsums adds); their
     product is the ring's `ratio`. All None without a usable control."""
-    none: dict[str, float | None] = {"serial_s": None, "traffic_speedup": None, "overlap_speedup": None}
     if control is None or control.status != "ok" or c.status != "ok":
-        return none
+        return dict(NO_SPLIT)
     traffic, ratio = control.ratio, c.ratio
     if traffic is None or ratio is None or not (math.isfinite(traffic) and math.isfinite(ratio)) or traffic <= 0:
-        return none
+        return dict(NO_SPLIT)
     return {"serial_s": control.median_s, "traffic_speedup": traffic, "overlap_speedup": ratio / traffic}
 
 
