@@ -11,35 +11,34 @@ import importlib
 from typing import Any
 
 from autotuner.device import Device, DeviceError
-from autotuner.errors import AutotunerError
+from autotuner.errors import AutotunerError, ServiceError
 from autotuner.problem import GroupedProblem, Pattern, Problem, ProblemError, problem_key
 from autotuner.strategy import Strategy, StrategyError
 
 # public name -> the module that defines it, imported on first access
 _LAZY = {
-    "build": "autotuner.strategies",
-    "space": "autotuner.strategies.space",
+    "build": "autotuner.decompose",
+    "space": "autotuner.decompose.space",
     "extract": "autotuner.hlo",
     "extract_report": "autotuner.hlo",
     "ExtractError": "autotuner.hlo",
     "collective_einsum": "autotuner.runtime.collective",
-    "collective_einsums": "autotuner.runtime.grouped",
+    "collective_einsums": "autotuner.runtime.grouped_collective",
     "DecisionError": "autotuner.runtime.collective",
     "overlap": "autotuner.overlap",
     "OverlapError": "autotuner.overlap",
     "Client": "autotuner.runtime.client",
     "ClientError": "autotuner.runtime.client",
-    "ProblemsFileError": "autotuner.problem.files",
-    "load_problems": "autotuner.problem.files",
+    "ProblemsFileError": "autotuner.problem.problems_file",
+    "load_problems": "autotuner.problem.problems_file",
     "TargetError": "autotuner.measure.targets",
     "LabError": "autotuner.lab.spec",
     "LabWorkerError": "autotuner.lab.spec",
     "CostModelError": "autotuner.costmodel.params",
-    "ServiceError": "autotuner.tune.worker",
 }
 
-__all__ = ["AutotunerError", "Device", "DeviceError", "GroupedProblem", "Pattern", "Problem", "ProblemError", "Strategy",
-           "StrategyError", "problem_key", *sorted(_LAZY)]
+__all__ = ["AutotunerError", "Device", "DeviceError", "GroupedProblem", "Pattern", "Problem", "ProblemError", "ServiceError",
+           "Strategy", "StrategyError", "problem_key", *sorted(_LAZY)]
 
 
 def __getattr__(name: str) -> Any:

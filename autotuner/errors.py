@@ -8,8 +8,13 @@ The CLI prints any `AutotunerError` as one line and exits 2.
 
 from __future__ import annotations
 
-__all__ = ["AutotunerError"]
+__all__ = ["AutotunerError", "ServiceError"]
 
 
 class AutotunerError(Exception):
     """Base class of every error overlap-autotuner raises (bad input, failed run, storage)."""
+
+
+class ServiceError(AutotunerError, RuntimeError):
+    """The tuning service refused a request (an HTTP error status) or there was nothing to send it
+    (`autotuner.tune.service_worker`: uploads, job claims)."""

@@ -1,5 +1,5 @@
 """The winner rule, once: which measured strategy a (device, problem) should use. Pure; no I/O,
-nothing of ours imported, so the database (`db.rule`), the service and the training job's
+nothing of ours imported, so the database (`db.apply_rule`), the service and the training job's
 in-job answers (`autotuner.runtime.answers`) all decide with this one function.
 
 1. The reference program is the default: `baseline` (the hand-written gather-then-multiply),

@@ -30,7 +30,7 @@ decomposition's traffic saves (`baseline / serial`) and what overlap adds (`seri
 
 `xla_windowed` compiles the plain einsum (GSPMD inserts the collective, as the baseline's plain
 collective + einsum) with XLA's own windowed-einsum ("collective matmul") pass switched on by
-per-compile options (`autotuner.strategies.compiler_options`); `multi_stream` asks XLA:GPU to run
+per-compile options (`autotuner.decompose.compiler_options`); `multi_stream` asks XLA:GPU to run
 the windowed loop's partial einsums on several streams. Only the platforms that honour the
 options get it from `space` (GPU, TPU); XLA:CPU accepts and ignores them.
 """

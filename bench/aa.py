@@ -34,7 +34,7 @@ from autotuner.measure import (
     run_session,
 )
 from autotuner.measure.targets import Target, TargetSession
-from autotuner.problem.files import load_problems
+from autotuner.problem.problems_file import load_problems
 from autotuner.problem.suite import suite
 
 out = Console(width=200, emoji=False)
@@ -109,7 +109,7 @@ def main() -> int:
             program = Strategy.baseline()
             if args.strategy:
                 # imports JAX: only once the target has set it up
-                from autotuner.strategies.space import space
+                from autotuner.decompose.space import space
 
                 program = (Strategy.from_dict(json.loads(args.strategy)) if args.strategy.startswith("{")
                            else next((s for s in space(p, ts.device) if s.key == args.strategy), None))

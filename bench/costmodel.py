@@ -40,9 +40,9 @@ from rich.console import Console
 from rich.table import Table
 
 from autotuner import costmodel as cm
+from autotuner.decompose.space import space
 from autotuner.problem import Problem
 from autotuner.problem.suite import suite
-from autotuner.strategies.space import space
 from autotuner.strategy import Strategy
 
 CONFIGS = ["shared:2:2gbit", "ring:4:1gbit"]

@@ -125,9 +125,9 @@ def _fill_bulk(database: Any, device: Device, todo: list[Problem], seed: int,
 
     from db import MeasurementRecord, choose_winner
     from db import repository as repo
-    from db.models import Measurement as MeasurementRow
-    from db.models import Problem as ProblemRow
-    from db.models import Winner as WinnerRow
+    from db.tables import Measurement as MeasurementRow
+    from db.tables import Problem as ProblemRow
+    from db.tables import Winner as WinnerRow
 
     rng = np.random.default_rng(seed + 1)
     with database.session() as s:

@@ -19,11 +19,11 @@ import time
 from rich.console import Console
 from rich.table import Table
 
+from autotuner.decompose.space import space
 from autotuner.lab import LabSpec
 from autotuner.measure import SessionResult, run_session
 from autotuner.measure.targets import Target, TargetSession
 from autotuner.problem.suite import suite
-from autotuner.strategies.space import space
 
 CONFIGS = ["shared:2:2gbit", "shared:4:2gbit", "ring:2:1gbit", "ring:4:1gbit"]
 out = Console(width=250, emoji=False)  # wide enough for the summary when piped

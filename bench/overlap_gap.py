@@ -34,12 +34,12 @@ import time
 from rich.console import Console
 from rich.table import Table
 
+from autotuner.decompose.space import space
 from autotuner.lab import LabSpec
 from autotuner.measure import run_session
 from autotuner.measure.targets import Target, TargetSession
 from autotuner.problem import Problem
 from autotuner.problem.suite import suite
-from autotuner.strategies.space import space
 from autotuner.strategy import Strategy
 
 CONFIGS = ["shared:2:2gbit", "ring:4:1gbit"]

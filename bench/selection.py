@@ -22,10 +22,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from autotuner.decompose.space import space
 from autotuner.measure import run_session
 from autotuner.measure.targets import Target, TargetSession
 from autotuner.problem.suite import suite
-from autotuner.strategies.space import space
 from autotuner.strategy import Strategy
 from autotuner.tune.search import tune_problem
 

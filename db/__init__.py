@@ -1,4 +1,4 @@
-"""Results database of the overlap autotuner: models, sessions, repository, migrations.
+"""Results database of the overlap autotuner: tables (the ORM), sessions, repository, migrations.
 
 Of this project it imports only the light core of ``autotuner`` (``autotuner.settings``, the
 one settings object, and ``autotuner.errors``, the exception base). Typical use::
@@ -15,6 +15,18 @@ one settings object, and ``autotuner.errors``, the exception base). Typical use:
 """
 
 from db import repository
+from db.apply_rule import choose_winner
+from db.database import (
+    Database,
+    check_schema,
+    current_revision,
+    downgrade,
+    head_revision,
+    make_engine,
+    make_session_factory,
+    session_scope,
+    upgrade,
+)
 from db.errors import DuplicateError, LeaseError, NotFoundError, SchemaError, StorageError
 from db.optuna_storage import ensure_optuna_schema, optuna_storage_url
 from db.records import (
@@ -33,18 +45,6 @@ from db.records import (
     TokenRecord,
     WinnerChoice,
     WinnerRecord,
-)
-from db.rule import choose_winner
-from db.session import (
-    Database,
-    check_schema,
-    current_revision,
-    downgrade,
-    head_revision,
-    make_engine,
-    make_session_factory,
-    session_scope,
-    upgrade,
 )
 
 __all__ = [

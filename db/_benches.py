@@ -14,8 +14,8 @@ from db._common import check_values, now_utc, text_field
 from db._convert import model_bench_record
 from db.errors import NotFoundError
 from db.fields import fields_of
-from db.models import KEY_LEN, Device, ModelBench
 from db.records import ModelBenchRecord
+from db.tables import KEY_LEN, Device, ModelBench
 
 _WRITTEN = fields_of(ModelBenchRecord, skip=("id", "device_id", "device_key", "created_at"))
 

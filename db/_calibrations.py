@@ -14,8 +14,8 @@ from db._common import check_values, now_utc, text_field
 from db._convert import calibration_record
 from db.errors import NotFoundError
 from db.fields import fields_of
-from db.models import KEY_LEN, Calibration, Device
 from db.records import CalibrationRecord
+from db.tables import KEY_LEN, Calibration, Device
 
 _WRITTEN = fields_of(CalibrationRecord, skip=("id", "device_id", "device_key", "created_at"))
 

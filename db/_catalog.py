@@ -15,8 +15,8 @@ from sqlalchemy.orm import Session
 from db._common import check_values, insert, utcnow
 from db._convert import device_record, problem_record
 from db.fields import fields_of
-from db.models import Base, Device, Problem
 from db.records import DeviceRecord, ProblemRecord
+from db.tables import Base, Device, Problem
 
 M = TypeVar("M", bound=Base)
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from sqlalchemy import delete, event, insert, select, update
 from sqlalchemy.orm import Session
 
-from db.models import Generation, WinnerChange
+from db.tables import Generation, WinnerChange
 
 KEEP_GENERATIONS = 10_000
 MAX_ROWS = 10_000  # per changes_since call; more means "drop everything"

@@ -15,8 +15,8 @@ from db._common import check_values, now_utc, text_field
 from db._convert import evidence_record
 from db.errors import NotFoundError
 from db.fields import fields_of
-from db.models import KEY_LEN, Device, StepEvidence
 from db.records import EvidenceRecord
+from db.tables import KEY_LEN, Device, StepEvidence
 
 _WRITTEN = fields_of(EvidenceRecord, skip=("id", "device_id", "device_key", "created_at"))
 

@@ -12,8 +12,8 @@ from db._common import check_values, now_utc, text_field
 from db._convert import failure_record
 from db.errors import NotFoundError
 from db.fields import fields_of
-from db.models import KEY_LEN, Device, Failure, Problem
 from db.records import FailureRecord
+from db.tables import KEY_LEN, Device, Failure, Problem
 
 _WRITTEN = fields_of(FailureRecord, skip=("id", "device_id", "problem_id", "device_key", "problem_key",
                                           "created_at"))

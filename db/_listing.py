@@ -10,8 +10,8 @@ from sqlalchemy.orm import Session
 
 from db._common import check_page
 from db._convert import device_record, problem_record, winner_record
-from db.models import Device, Problem, Winner
 from db.records import Page, ProblemRow
+from db.tables import Device, Problem, Winner
 
 SORT_KEYS = ("updated", "created", "speedup", "flops", "comm_bytes", "trials", "key", "pattern")
 

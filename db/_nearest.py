@@ -17,8 +17,8 @@ from db._catalog import EXTENTS, log_feature
 from db._common import check_page, finite
 from db._convert import problem_record, winner_record
 from db.fields import INT_MAX
-from db.models import Device, Problem, Winner
 from db.records import Neighbor
+from db.tables import Device, Problem, Winner
 
 
 def _storable(mesh_size: int) -> bool:

@@ -21,8 +21,8 @@ from db._common import (
 from db._convert import demand_record, job_record
 from db.errors import LeaseError, NotFoundError, StorageError
 from db.fields import INT_MAX, fields_of
-from db.models import Demand, Device, Problem, TuningJob, Winner
 from db.records import DemandRecord, JobRecord, Page
+from db.tables import Demand, Device, Problem, TuningJob, Winner
 
 ACTIVE = ("queued", "running")
 FINAL = ("done", "failed")

@@ -13,16 +13,16 @@ from autotuner.rule import reference_method
 from db._changes import note_change
 from db._common import check_value, check_values, dialect, insert, utcnow
 from db._convert import measurement_record, winner_record
+from db.apply_rule import choose_winner
 from db.errors import NotFoundError
 from db.fields import fields_of
-from db.models import MEASUREMENT_STATUSES, Device, Measurement, Problem, Winner
 from db.records import (
     MEASUREMENT_INPUT_FIELDS,
     MeasurementRecord,
     WinnerChoice,
     WinnerRecord,
 )
-from db.rule import choose_winner
+from db.tables import MEASUREMENT_STATUSES, Device, Measurement, Problem, Winner
 
 Rule = Callable[[Sequence[MeasurementRecord], str], WinnerChoice | None]  # (measurements, reference)
 

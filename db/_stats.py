@@ -15,8 +15,8 @@ from sqlalchemy.orm import Session
 
 from db._common import dialect, finite
 from db._convert import winner_record
-from db.models import JOB_STATUSES, Device, Problem, TuningJob, Winner
 from db.records import WinnerRecord
+from db.tables import JOB_STATUSES, Device, Problem, TuningJob, Winner
 
 __all__ = [
     "Facets",

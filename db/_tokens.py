@@ -12,8 +12,8 @@ from sqlalchemy.orm import Session
 from db._common import now_utc, text_field
 from db._convert import token_record
 from db.errors import DuplicateError, NotFoundError
-from db.models import TOKEN_SCOPES, Token
 from db.records import TokenRecord
+from db.tables import TOKEN_SCOPES, Token
 
 
 def token_hash(token: str) -> str:

@@ -1,7 +1,7 @@
 """Domain errors of the storage layer.
 
 Nothing outside :mod:`db` needs to know SQLAlchemy's exception types: the session context
-manager (:func:`db.session.session_scope`) translates driver errors into these, and the
+manager (:func:`db.database.session_scope`) translates driver errors into these, and the
 repository raises them directly. The service maps them to HTTP status codes in one table.
 """
 

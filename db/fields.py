@@ -5,7 +5,7 @@ where the type alone does not say enough: :func:`text` (the most characters, als
 column's width), :func:`long_text`, :func:`at_least`, :func:`signed` (a number that may be
 negative; numbers are >= 0 otherwise) and :func:`joined` (a value read from another table, not a
 column of the record's own). A JSON list (``tuple[...]``) holds numbers or JSON objects. :func:`specs` reads a record's fields back
-with their types and metadata: :mod:`db.models` builds the columns from them, the repository
+with their types and metadata: :mod:`db.tables` builds the columns from them, the repository
 its row -> record converters and its checks on write, :mod:`service.schemas` the API's models.
 Pure Python (no SQLAlchemy).
 """

@@ -24,7 +24,7 @@ from sqlalchemy import make_url, text
 from sqlalchemy.exc import SQLAlchemyError
 
 from autotuner.settings import normalize_db_url
-from db.session import make_engine, translate_error
+from db.database import make_engine, translate_error
 
 __all__ = ["OPTUNA_SCHEMA", "ensure_optuna_schema", "optuna_storage_url"]
 

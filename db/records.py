@@ -6,7 +6,7 @@ as fresh ``dict`` copies (changing one never changes the database; treat them as
 Timestamps are timezone-aware UTC.
 
 Each record's field list is written here once, and everything else is derived from it (see
-:mod:`db.fields`): the ORM columns (:mod:`db.models`), the row -> record conversion and the
+:mod:`db.fields`): the ORM columns (:mod:`db.tables`), the row -> record conversion and the
 checks on write (the repository), :class:`MeasurementInput`, and the service's response and
 upload models (:mod:`service.schemas`). Adding a field to a record is this file plus a
 migration.
@@ -158,7 +158,7 @@ class WinnerChoice:
 
 @dataclass(frozen=True, slots=True)
 class WinnerRecord:
-    """The current best strategy of one problem on one device (see :mod:`db.rule`)."""
+    """The current best strategy of one problem on one device (see :mod:`db.apply_rule`)."""
 
     id: int
     device_id: int

@@ -61,8 +61,8 @@ from db._results import (
 )
 from db._stats import *  # noqa: F403  - the dashboard's aggregates, as _stats.__all__ lists
 from db._tokens import add_token, check_token, list_tokens, revoke_token, token_hash
+from db.apply_rule import choose_winner
 from db.optuna_storage import OPTUNA_SCHEMA, ensure_optuna_schema, optuna_storage_url
-from db.rule import choose_winner
 
 __all__ = [
     "Changes",

@@ -22,13 +22,13 @@ from autotuner.settings import Settings, get_settings
 from db import Database, StorageError
 from service import errors
 from service.coherence import ChangeWatcher
+from service.costmodel_hook import ModelFn
 from service.deps import ServiceState
 from service.fastpath import LookupFastPath
-from service.fields import ParseMemo, ParseMemoMiddleware
+from service.field_types import ParseMemo, ParseMemoMiddleware
 from service.limits import BodyLimitMiddleware
 from service.lookups import DemandRecorder, LookupEngine
 from service.metrics import Metrics, MetricsMiddleware
-from service.model import ModelFn
 from service.routes import ROUTERS
 from service.routes.health import VERSION
 
@@ -44,9 +44,9 @@ are configured.
 
 
 def _warm_up() -> None:
-    # Nearest-shape answers check the neighbour's strategy with autotuner.strategies, which
+    # Nearest-shape answers check the neighbour's strategy with autotuner.decompose, which
     # imports JAX: do it once at startup, not in the first request that needs it.
-    import autotuner.strategies  # noqa: F401
+    import autotuner.decompose  # noqa: F401
 
 
 class ServiceApp(FastAPI):
@@ -67,7 +67,7 @@ def create_app(settings: Settings | None = None, *, database: Database | None = 
     """The service for ``settings`` (default: from the environment).
 
     ``database`` defaults to ``Database(settings.db_url)`` (closed on shutdown only if created
-    here). ``model`` is the cost-model hook (see :mod:`service.model`); by default the
+    here). ``model`` is the cost-model hook (see :mod:`service.costmodel_hook`); by default the
     calibrated cost model of :mod:`autotuner.costmodel`, which answers for devices that have a
     calibration in the database (``autotuner calibrate``) and stays silent for the others. ``check_schema``:
     refuse to start on a database that is not at the head revision.

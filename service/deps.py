@@ -23,7 +23,7 @@ from autotuner.settings import Settings
 from db import Database
 from service import auth
 from service.coherence import ChangeWatcher
-from service.fields import ParseMemo
+from service.field_types import ParseMemo
 from service.lookups import LookupEngine
 from service.metrics import Metrics
 

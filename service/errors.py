@@ -2,7 +2,7 @@
 
 Nothing outside :mod:`service` raises ``HTTPException``: the repository and the domain types
 raise their own errors and this table decides the status. Messages of storage errors are
-shown without statement parameters (``db.session.translate_error`` already drops them).
+shown without statement parameters (``db.database.translate_error`` already drops them).
 
 Any other exception is a bug: :class:`InternalErrorMiddleware` answers that request alone a
 JSON 500 carrying a request id (the client's ``X-Request-Id`` if it sent a plain one, else a
@@ -28,7 +28,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from autotuner import DeviceError, ProblemError, StrategyError
 from db import DuplicateError, LeaseError, NotFoundError, SchemaError, StorageError
-from service.fields import field_path
+from service.field_types import field_path
 
 log = logging.getLogger("service")
 

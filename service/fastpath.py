@@ -12,7 +12,7 @@ model. The app (:class:`service.app.ServiceApp`) hands these two routes to
   most ``AUTOTUNER_PARSE_MEMO_ENTRIES`` single bodies (:data:`BATCH_MEMO_MAX` batch bodies)
   and ``AUTOTUNER_PARSE_MEMO_BYTES`` (estimated) each, the least recently used going first;
 - a new body's device and problems are validated by the same domain parsers the routes use
-  (:mod:`service.fields`, input limits included), and keyed once;
+  (:mod:`service.field_types`, input limits included), and keyed once;
 - the answers come from the lookup engine with those keys, as the JSON cached with them,
   and are sent as is; the request is counted in the metrics under its route.
 
@@ -37,7 +37,7 @@ from starlette.types import Message, Receive, Scope, Send
 from autotuner import Device, Problem
 from service import auth
 from service.bounded import BoundedDict, estimate
-from service.fields import _validate_device, _validate_problem
+from service.field_types import _validate_device, _validate_problem
 
 SINGLE = "/v1/lookup"
 BATCH = "/v1/lookup/batch"

@@ -5,7 +5,7 @@
   size on this device (``repository.nearest_winners``), within
   ``settings.nearest_max_distance`` (log2-shape distance) and only if its strategy is valid
   for the problem asked about.
-- ``model``: the cost-model hook (:mod:`service.model`; by default no model, no answer).
+- ``model``: the cost-model hook (:mod:`service.costmodel_hook`; by default no model, no answer).
 - ``default``: the baseline.
 
 Exact matches are looked up in one read transaction per batch request, and the single lookups
@@ -43,9 +43,9 @@ from autotuner.snapshot import evidence
 from db import Database, StorageError, WinnerRecord
 from db import repository as repo
 from service.bounded import BoundedDict, estimate
-from service.fields import ParseMemo
+from service.costmodel_hook import ModelFn, as_answer, model_answer
+from service.field_types import ParseMemo
 from service.metrics import Metrics
-from service.model import ModelFn, as_answer, model_answer
 from service.nearest import NearestIndex
 from service.schemas import Lookup
 
@@ -72,14 +72,14 @@ def _default(dkey: str, pkey: str) -> Lookup:
 
 
 def applicable(problem: Problem, strategy: dict[str, Any]) -> Strategy | None:
-    """The strategy if it can run ``problem`` (what ``autotuner.strategies.space`` would offer), else None."""
+    """The strategy if it can run ``problem`` (what ``autotuner.decompose.space`` would offer), else None."""
     try:
         s = Strategy.from_dict(strategy)
     except (StrategyError, TypeError):
         return None
     if s.is_baseline:
         return s
-    from autotuner.strategies import check_valid  # imports JAX; warmed up at startup
+    from autotuner.decompose import check_valid  # imports JAX; warmed up at startup
 
     try:
         check_valid(problem, s)

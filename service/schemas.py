@@ -1,6 +1,6 @@
 """The API's request and response models (pydantic v2), apart from the ORM models.
 
-Requests carry domain objects through :mod:`service.fields` (validated by the domain code).
+Requests carry domain objects through :mod:`service.field_types` (validated by the domain code).
 A response that shows a stored record (``DeviceOut``, ``ProblemOut``, ``WinnerOut``,
 ``MeasurementOut``, ``JobOut``, ``DemandOut``) and the upload of a measurement
 (``MeasurementIn``) are derived from the record's field list in :mod:`db.records`, never
@@ -27,7 +27,7 @@ from db import (
 )
 from db.fields import Spec, fields_of
 from db.records import MEASUREMENT_INPUT_FIELDS
-from service.fields import DeviceField, JsonObject, ProblemField, StrategyField, Text
+from service.field_types import DeviceField, JsonObject, ProblemField, StrategyField, Text
 
 Source = Literal["tuned", "estimated", "nearest", "model", "default"]  # autotuner.rule.SOURCES
 SortKey = Literal["updated", "created", "speedup", "flops", "comm_bytes", "trials", "key", "pattern"]

@@ -75,6 +75,51 @@ def test_readmes_module_map_is_the_tree() -> None:
         "README's module map is stale: paste `python scripts/modules.py` into its Architecture section")
 
 
+# Basenames that several modules may share, each with exactly these modules: the name is the
+# same job in each package, or (service.routes) the URL of the resource a router serves.
+SHARED_BASENAMES = {
+    # each top-level package's exceptions; db's and service's derive from autotuner.errors'
+    "errors": {"autotuner.errors", "db.errors", "service.errors"},
+    # a package's private helpers (the leading underscore: imported only inside that package)
+    "_common": {"autotuner.decompose._common", "db._common", "service.routes._common"},
+    # a package's helpers for tests and benchmarks (problems and inputs; request bodies and a server)
+    "testing": {"autotuner.testing", "service.testing"},
+    # service/routes/ names each router after the /v1 resource it serves (one router per resource)
+    "benches": {"service.routes.benches", "service.dashboard.benches"},
+    "problems": {"service.routes.problems", "autotuner.hlo.problems"},
+    "results": {"service.routes.results", "autotuner.results"},
+    "snapshot": {"service.routes.snapshot", "autotuner.snapshot"},
+}
+
+
+def _basename_clashes(modules: list[str]) -> dict[str, list[str]]:
+    """Basename -> the modules (dotted; packages' __init__ and __main__ left out) that share it,
+    for every basename two or more modules share other than as `SHARED_BASENAMES` lists."""
+    by_name: dict[str, set[str]] = {}
+    for name in modules:
+        by_name.setdefault(name.rpartition(".")[2], set()).add(name)
+    return {base: sorted(mods) for base, mods in sorted(by_name.items())
+            if len(mods) > 1 and mods != SHARED_BASENAMES.get(base)}
+
+
+def test_no_two_modules_share_a_basename() -> None:
+    """A module's name says what it holds: two modules of different jobs never share one
+    (`lab.py` for the lab's launcher and for the measurement target on it, say). Packages
+    (__init__) and `__main__` are not modules here; SHARED_BASENAMES says which names may recur."""
+    modules = [name for name, path in _modules().items() if path.name not in ("__init__.py", "__main__.py")]
+    clashes = _basename_clashes(modules)
+    assert not clashes, f"modules that share a name (name each for what it holds): {clashes}"
+
+
+def test_the_basename_check_finds_a_clash() -> None:
+    assert _basename_clashes(["autotuner.lab.launcher", "autotuner.measure.lab_target", "autotuner.errors",
+                              "db.errors", "service.errors"]) == {}
+    assert _basename_clashes(["autotuner.lab.lab", "autotuner.measure.lab", "autotuner.cli.lab", "db.errors",
+                              "service.errors"]) == {
+        "errors": ["db.errors", "service.errors"],   # not the listed set: autotuner.errors is missing
+        "lab": ["autotuner.cli.lab", "autotuner.lab.lab", "autotuner.measure.lab"]}
+
+
 def test_no_module_is_over_500_lines() -> None:
     long = {str(p.relative_to(REPO)): n for p in _modules().values()
             if (n := len(p.read_text().splitlines())) > MAX_LINES}
@@ -160,7 +205,7 @@ def test_the_package_cycle_check_finds_a_cycle() -> None:
     has one between its packages (measure <-> lab)."""
     graph = {"autotuner.measure.targets": {"autotuner.lab.spec"}, "autotuner.lab.spec": set(),
              "autotuner.lab.runner": {"autotuner.measure.local"}, "autotuner.measure.local": set(),
-             "service.app": {"db.models"}, "db.models": set()}
+             "service.app": {"db.tables"}, "db.tables": set()}
     assert _cycles(graph) == []
     assert _package_graph(graph) == {"autotuner.measure": {"autotuner.lab"},
                                      "autotuner.lab": {"autotuner.measure"}, "service": {"db"}, "db": set()}
@@ -186,7 +231,7 @@ def test_dependencies_point_one_way() -> None:
             if name.startswith("autotuner.runtime") and (dtop in ("db", "service")
                                                          or d.startswith(("autotuner.tune", "autotuner.cli"))):
                 bad.append((name, d))
-            if name.startswith("autotuner.strategies") and (dtop in ("db", "service")
+            if name.startswith("autotuner.decompose") and (dtop in ("db", "service")
                                                             or d.startswith("autotuner.tune")):
                 bad.append((name, d))
             if name.startswith("autotuner.measure") and d.startswith(

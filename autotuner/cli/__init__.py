@@ -9,7 +9,7 @@ import os
 import sys
 from typing import Any
 
-COMMANDS = ("tune", "lab", "up", "db", "extract", "service", "costmodel", "plan", "bench", "tune_model")
+COMMANDS = ("tune", "lab", "up", "db", "extract", "service", "costmodel", "plan_cmd", "bench", "tune_model")
 
 
 def _registered() -> Any:

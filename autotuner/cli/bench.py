@@ -14,10 +14,10 @@ from typing import Annotated, Any
 import typer
 
 from autotuner.cli.common import app, err, fmt, say
-from autotuner.cli.model import TOLERANCE_HELP
-from autotuner.cli.plan import MEMORY_HELP, print_plan, strategy_arg
-from autotuner.cli.program import FACTORY_HELP
-from autotuner.cli.winners import SOURCE_HELP
+from autotuner.cli.plan_cmd import print_plan, strategy_arg
+from autotuner.program.factory import TOLERANCE_HELP
+from autotuner.program.load import FACTORY_HELP, MEMORY_HELP
+from autotuner.program.winners import SOURCE_HELP
 
 HELP = f"""Benchmark a program's step: plain jax.jit against autotuner.overlap(fn), interleaved in one run (median and 95% interval per step, speedup with its interval), with the per-pair breakdown: every pair timed alone (baseline, its decomposition, the collective alone, the einsum alone).
 
@@ -157,7 +157,7 @@ def bench_cmd(
     store: Annotated[bool, typer.Option("--store/--no-store", help="store the result in the --db database "
                                         "(default with --db)")] = True,
 ) -> None:
-    from autotuner.cli.on_target import open_program, target_args
+    from autotuner.program.on_target import open_program, target_args
 
     chosen = strategy_arg(strategy)
     tgt, shape, fkw, bound = target_args(on, mesh, kwargs, memory)
@@ -170,7 +170,7 @@ def bench_cmd(
     plan, notes, error, dev = prog.rows, prog.notes, prog.error, prog.device
     stored: dict[str, Any] = {}
     if db and store:
-        from autotuner.cli.bench_store import bench_values, store_bench
+        from autotuner.program.bench_store import bench_values, store_bench
 
         values = bench_values(res, program=target, kwargs=fkw, target=on, mesh=shape,
                               strategy=chosen if isinstance(chosen, str) else chosen.key, rel_error=error)
@@ -190,9 +190,9 @@ def _bench(prog: Any, *, reps: int, warmup: int, pairs: bool, pair_reps: int, at
            tolerance: float | None, log: Any) -> Any:
     """The opened program (`on_target.Opened`) checked and timed: plain and the plan interleaved,
     then as asked each decomposed pair alone, the attribution's variants, the profile."""
-    from autotuner.cli.model import check_numerics
     from autotuner.measure.steps import attribute as attribution
     from autotuner.measure.steps import compare, decomposed_units, pair_breakdown
+    from autotuner.program.factory import check_numerics
 
     check_numerics(prog.rows, prog.error, tolerance)
     log(f"numerics: overlapped = plain jit within {prog.error:.2g} (relative); timing {reps} steps each")

@@ -1,64 +1,24 @@
 """The `autotuner` Typer app every command module registers on, and what they share: the
-stderr console, `fail` (one line, exit 2), the database URL and opening the database, and the
+stderr console, `say`, `fail` (one line, exit 2), the database URL and opening the database (these
+five from `autotuner.program.console`, which the program-level library shares), `fmt`, and the
 bearer token of a --token / --token-file pair (`token_of`)."""
 
 from __future__ import annotations
 
 import math
-import sys
 from pathlib import Path
-from typing import Any
 
 import typer
-from rich.console import Console
+
+from autotuner.program.console import db_url, err, fail, open_database, say
+
+__all__ = ["SERVICE_TOKEN_ENV", "TOKEN_FILE_HELP", "app", "db_app", "db_url", "err", "fail", "fmt",
+           "open_database", "say", "token_of"]
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Pick, per sharded einsum and device, the fastest collective/einsum overlap.")
 db_app = typer.Typer(no_args_is_help=True, help="Manage the results database.")
 app.add_typer(db_app, name="db")
-err = Console(stderr=True, width=None if sys.stderr.isatty() else 150, emoji=False)
-
-
-def say(message: str) -> None:
-    """A progress or status line on stderr (stdout stays for results and --json)."""
-    err.print(message, highlight=False)
-
-
-def fail(message: str, code: int = 2) -> None:
-    err.print(f"[bold red]error:[/] {message}", highlight=False)
-    raise typer.Exit(code)
-
-
-def db_url(db: str | None) -> str:
-    from autotuner.settings import get_settings, normalize_db_url
-
-    return normalize_db_url(db) if db else get_settings().db_url
-
-
-def open_database(url: str, *, create: bool = True) -> Any:
-    """The results database at `url`. A brand-new SQLite file is created by migration;
-    anything else must already be at the current schema (SchemaError names the command)."""
-    from db import Database, SchemaError, current_revision
-
-    database = Database(url)
-    try:
-        database.check_schema()
-    except SchemaError:
-        if not (create and database.dialect == "sqlite" and current_revision(database.engine) is None
-                and not _has_tables(database)):
-            raise
-        from autotuner.settings import redact_db_url
-
-        err.print(f"creating the results database {redact_db_url(url)} (alembic upgrade head)")
-        database.upgrade()
-    return database
-
-
-def _has_tables(database: Any) -> bool:
-    from sqlalchemy import inspect
-
-    return bool(inspect(database.engine).get_table_names())
-
 
 
 def fmt(x: float | None, spec: str) -> str:

@@ -117,8 +117,8 @@ def extract_cmd(
                                            "partitioner for that slice (the program built on as many "
                                            "CPU devices, then re-laid there)")] = None,
 ) -> None:
-    from autotuner.cli.model import ModelError, call_factory, import_target, make_mesh
-    from autotuner.cli.program import (
+    from autotuner.program.factory import ModelError, call_factory, import_target, make_mesh
+    from autotuner.program.load import (
         aot_target,
         json_arg,
         parse_kwargs,

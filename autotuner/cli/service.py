@@ -30,7 +30,7 @@ def _json_or_file(text: str, what: str) -> Any:
 
 def _problems(text: str) -> list[Any]:
     from autotuner.problem import ProblemError, problem_from_dict
-    from autotuner.problem.files import ProblemsFileError, load_problems
+    from autotuner.problem.problems_file import ProblemsFileError, load_problems
 
     doc = _json_or_file(text, "problem")
     try:

@@ -31,7 +31,7 @@ from autotuner.device import ESTIMATED_LABEL
 def load_items(problems: str | None, n: int, scale: float) -> list[tuple[str, Any]]:
     """(name, Problem) per problem: the suite's names, the names `autotuner extract` wrote into the
     file (its "names" list), else FILE[i]."""
-    from autotuner.problem.files import ProblemsFileError, load_problems
+    from autotuner.problem.problems_file import ProblemsFileError, load_problems
     from autotuner.problem.suite import suite
 
     if problems is None or problems == "suite":
@@ -131,7 +131,7 @@ def tune(
     if service and db:
         fail("give either --db (store locally) or --service (upload), not both")
     if service:
-        from autotuner.tune.worker import scratch_db_url
+        from autotuner.tune.service_worker import scratch_db_url
 
         database = open_database(scratch_db_url(service))  # the study and measurements, then uploaded
     else:
@@ -251,8 +251,8 @@ def tune_one(ts: Any, database: Any, name: str, problem: Any, run_id: str, *, ex
               precision: Any = None) -> dict[str, Any]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from autotuner.decompose.space import space
     from autotuner.measure import run_session
-    from autotuner.strategies.space import space
     from autotuner.strategy import reference
     from autotuner.tune import store
 
@@ -374,7 +374,8 @@ def upload_run(service: str, token: str | None, device: Any, problem: Any, datab
     """Send this run's measurements to the service; its winner replaces the local one."""
     import httpx
 
-    from autotuner.tune.worker import ServiceError, http_client, run_items, upload
+    from autotuner.errors import ServiceError
+    from autotuner.tune.service_worker import http_client, run_items, upload
 
     try:
         with http_client(service, token) as http:
@@ -428,8 +429,9 @@ def worker(
     """Claim tuning jobs for this target's device from the service, tune them, upload results."""
     import httpx
 
+    from autotuner.errors import ServiceError
     from autotuner.measure.targets import Target, TargetError, TargetSession, default_target
-    from autotuner.tune.worker import ServiceError, work
+    from autotuner.tune.service_worker import work
 
     token = token_of(ctx, token, token_file)
     if not token:

@@ -18,9 +18,8 @@ from typing import Annotated, Any
 import typer
 
 from autotuner.cli.common import app, db_url, err, fail, open_database, say
-from autotuner.cli.model import TOLERANCE_HELP
-from autotuner.cli.plan import MEMORY_HELP
-from autotuner.cli.program import FACTORY_HELP
+from autotuner.program.factory import TOLERANCE_HELP
+from autotuner.program.load import FACTORY_HELP, MEMORY_HELP
 
 HELP = f"""Tune a program's problems and refine the choices in the program itself: extract -> tune (each problem alone) -> refinement (per problem, the candidates close to its isolated winner and baseline, timed in the whole step, interleaved; a change kept only when the step's 95% interval says it is faster). The results are stored in --db as in-program evidence, which autotuner.overlap and `plan` prefer for the same program. Rerun to resume: problems already refined for this program are not timed again.
 
@@ -35,7 +34,7 @@ class Rig:
         self.prog, self.memory, self.tol, self.warmup = prog, memory, tol, warmup
 
     def variants(self, choices: list[dict[str, Any]]) -> list[set[str]]:
-        from autotuner.cli.model import check_numerics
+        from autotuner.program.factory import check_numerics
 
         applied, error = self.prog.set_variants(choices, self.memory)
         check_numerics([], error, self.tol, "a refinement variant")
@@ -80,7 +79,7 @@ def tune_model_cmd(
     tolerance: Annotated[float | None, typer.Option("--tolerance", min=0.0, help=TOLERANCE_HELP)] = None,
     json_out: Annotated[bool, typer.Option("--json", help="the result as one JSON object on stdout")] = False,
 ) -> None:
-    from autotuner.cli.on_target import target_args
+    from autotuner.program.on_target import target_args
 
     if not db:
         fail("--db is required: tune-model stores winners and in-program evidence there")
@@ -117,9 +116,9 @@ def tune_model_cmd(
 
 def _refine(tgt: Any, target: str, fkw: dict[str, Any], shape: Any, explicit: bool, url: str, tmp: str, *,
             reps: int, k: int, memory: float | None, tolerance: float | None) -> dict[str, Any]:
-    from autotuner.cli.model import check_numerics
-    from autotuner.cli.on_target import open_program
     from autotuner.measure.stats import ratio_ci
+    from autotuner.program.factory import check_numerics
+    from autotuner.program.on_target import open_program
     from autotuner.snapshot import device_values
     from autotuner.strategy import Strategy
     from autotuner.tune.refine import close_candidates, refine

@@ -150,9 +150,9 @@ def demo(
     prepare_inproc(n)
     import jax
 
+    from autotuner.decompose.space import space
     from autotuner.measure import LocalRunner, run_session
     from autotuner.problem.suite import suite
-    from autotuner.strategies.space import space
 
     err.print(f"{jax.device_count()} in-process CPU devices (numbers only: in-process devices share one "
               "thread pool, so these timings say nothing about overlap; use a lab target for that)")

@@ -45,9 +45,9 @@ answers (`model_answer(database)` builds the function it calls).
 from __future__ import annotations
 
 from autotuner.costmodel.calibrate import calibrate, collect, fit
+from autotuner.costmodel.calibrated import load_params, model_answer, order_for, save_params
 from autotuner.costmodel.params import VERSION, CostModelError, Params
 from autotuner.costmodel.simulate import Geometry, geometry, predict, predict_all, ranker, simulate
-from autotuner.costmodel.store import load_params, model_answer, order_for, save_params
 
 __all__ = ["VERSION", "CostModelError", "Geometry", "Params", "calibrate", "collect", "fit", "geometry",
            "load_params", "model_answer", "order_for", "predict", "predict_all", "ranker", "save_params",

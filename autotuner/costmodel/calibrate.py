@@ -47,7 +47,7 @@ def _ring(direction: str = "uni", chunks: int = 1, unroll: int | str = "full", f
 
 
 def _valid(problem: Problem, strategies: Sequence[Strategy]) -> list[Strategy]:
-    from autotuner.strategies.space import space
+    from autotuner.decompose.space import space
 
     ok = {s.key for s in space(problem)}
     return [Strategy.baseline()] + list(dict.fromkeys(s for s in strategies if s.key in ok and not s.is_baseline))

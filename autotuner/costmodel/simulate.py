@@ -31,7 +31,7 @@ class Geometry:
 
 
 def geometry(problem: Problem) -> Geometry:
-    from autotuner.strategies._common import Layout
+    from autotuner.decompose._common import Layout
 
     pat, n = problem.pattern, problem.axis_size
     item = DTYPE_BYTES[problem.dtype]
@@ -345,7 +345,7 @@ def ranker(params: Params, problem: Problem) -> Callable[[list[Strategy]], list[
 def predict(problem: Problem, device: Device | None, params: Params) -> tuple[Strategy, float]:
     """The strategy the model expects fastest for `problem` (of `space(problem, device)`) and its
     predicted speedup over the baseline (1.0 when the baseline is predicted fastest)."""
-    from autotuner.strategies.space import space
+    from autotuner.decompose.space import space
 
     if params.num_devices and device is not None and device.num_devices != params.num_devices:
         raise CostModelError(f"calibrated on {params.num_devices} devices, asked about {device.num_devices}")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from autotuner.hlo.evaluate import manual_computations, multiplicity
-from autotuner.hlo.grouped import group_units
+from autotuner.hlo.group_pairs import group_units
 from autotuner.hlo.names import problem_names
 from autotuner.hlo.pairs import ExtractReport, Pair, find_pairs, skip
 from autotuner.hlo.shardings import MeshInfo, parse_sharding, tiling_spec

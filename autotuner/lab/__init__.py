@@ -11,7 +11,7 @@ Workers die with the thread that started them (``PR_SET_PDEATHSIG``): use a long
 
 from __future__ import annotations
 
-from autotuner.lab.lab import Lab, run_lab_smoke
+from autotuner.lab.launcher import Lab, run_lab_smoke
 from autotuner.lab.run import RunResult, lab_env, run_on_lab
 from autotuner.lab.spec import LabError, LabSpec, LabWorkerError
 from autotuner.lab.worker import WorkerContext, echo_handler

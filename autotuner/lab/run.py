@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 from urllib.parse import urlsplit, urlunsplit
 
-from autotuner.lab.lab import _LAB_NUMBER, _child_setup, _describe, _free_port
+from autotuner.lab.launcher import _LAB_NUMBER, _child_setup, _describe, _free_port
 from autotuner.lab.net import Net
 from autotuner.lab.spec import COORDINATOR_PORT, REPO_ROOT, LabError, LabSpec
 

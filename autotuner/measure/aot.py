@@ -9,7 +9,7 @@ argument bytes on the target (`memory_analysis()`), and the schedule's estimate
 (`autotuner.hlo.schedule`): the compiler's own per-op cycle estimates, the interconnect of that
 generation, how much of each collective the schedule overlaps. Nothing runs, so nothing is
 checked numerically here: the strategies are checked against `jnp.einsum` on CPU
-(tests/autotuner/strategies), and these are the same programs. Its "times" are estimates: the
+(tests/autotuner/decompose), and these are the same programs. Its "times" are estimates: the
 runner says so (`estimates = True`), a session gives them no interval, and what is stored from
 this target is keyed by a device whose topology says `aot:` (`Device.estimated`).
 """
@@ -115,7 +115,7 @@ def abstract(shape: Sequence[int], dtype: Any, mesh: Any, spec: Any) -> Any:
     import jax
     from jax.sharding import NamedSharding
 
-    from autotuner.strategies._common import pspec
+    from autotuner.decompose._common import pspec
 
     return jax.ShapeDtypeStruct(tuple(shape), dtype, sharding=NamedSharding(mesh, pspec(spec)))
 
@@ -172,7 +172,7 @@ class AotRunner:
 
     def prepare(self, problem: Problem | GroupedProblem, strategies: Sequence[Strategy], parts: bool = True
                 ) -> list[dict[str, Any]]:
-        from autotuner.strategies import build, build_parts, compiler_options
+        from autotuner.decompose import build, build_parts, compiler_options
 
         self.times.clear()
         args = self._args(problem)
@@ -199,10 +199,10 @@ class AotRunner:
     @staticmethod
     def _comp_specs(problem: Problem | GroupedProblem) -> list[Any]:
         if isinstance(problem, GroupedProblem):
-            from autotuner.strategies.grouped import compute_specs
+            from autotuner.decompose.grouped_allgather import compute_specs
 
             return list(compute_specs(problem))
-        from autotuner.strategies.baseline import gathered_specs
+        from autotuner.decompose.baseline import gathered_specs
 
         return list(gathered_specs(problem))
 

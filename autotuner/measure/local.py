@@ -55,7 +55,7 @@ class LocalRunner:
         import jax
         from jax.sharding import NamedSharding
 
-        from autotuner.strategies._common import pspec
+        from autotuner.decompose._common import pspec
 
         out = []
         for x, spec in zip(arrays, specs, strict=True):
@@ -113,7 +113,7 @@ class LocalRunner:
 
     def add(self, index: int, strategy: Strategy) -> dict[str, Any]:
         """Compile one strategy, check it against the baseline (index 0, added first), warm up."""
-        from autotuner.strategies import build, compiler_options
+        from autotuner.decompose import build, compiler_options
 
         problem, args = self.problem, self.args
         st: dict[str, Any] = {"ok": False, "reason": None, "compile_s": None, "memory": None, "rel_error": None}
@@ -145,14 +145,14 @@ class LocalRunner:
 
     def add_parts(self) -> None:
         """Compile the collective alone and the einsum alone (for the bound)."""
-        from autotuner.strategies import build_parts
+        from autotuner.decompose import build_parts
 
         problem = self.problem
         if problem.pattern.kind == "none":
             return
         comm, comp = build_parts(problem, self.mesh)
         if isinstance(problem, GroupedProblem):
-            from autotuner.strategies.grouped import compute_specs
+            from autotuner.decompose.grouped_allgather import compute_specs
 
             comp_args = self._group_arrays(problem, compute_specs(problem))
         else:
@@ -173,7 +173,7 @@ class LocalRunner:
 
     @staticmethod
     def _comp_specs(problem: Problem) -> tuple[list, list]:
-        from autotuner.strategies.baseline import gathered_specs
+        from autotuner.decompose.baseline import gathered_specs
 
         return gathered_specs(problem)
 

@@ -2,7 +2,7 @@
 multi-host job is, measuring on the global mesh of every process's devices.
 
 Process 0 leads: it runs the tuner as a single process does and, for every measurement request
-(the lab's protocol, `autotuner.measure.lab.handle`), publishes the request in the
+(the lab's protocol, `autotuner.measure.lab_target.handle`), publishes the request in the
 `jax.distributed` key-value store and runs it itself; the other processes only follow
 (`autotuner.lab.worker.follow`), running the same request in lockstep, until process 0 publishes
 the shutdown. A process that dies takes the job down: the coordination service notices the
@@ -118,7 +118,7 @@ class Leader:
     def __init__(self, ctx: Any, handler: Callable[[dict, Any], dict] | None = None,
                  say: Callable[[str], None] | None = None):
         if handler is None:
-            from autotuner.measure.lab import handle as handler
+            from autotuner.measure.lab_target import handle as handler
         self.ctx, self.handler, self.seq = ctx, handler, 0
         self.say = say or (lambda m: print(m, file=sys.stderr, flush=True))
         self.closed = False
@@ -154,7 +154,7 @@ def shutdown() -> None:
 def follow(ctx: Any) -> None:
     """Process 1.. of a multi-process tune: measure what process 0 asks, until it says stop."""
     from autotuner.lab.worker import follow as follow_requests
-    from autotuner.measure.lab import handle
+    from autotuner.measure.lab_target import handle
 
     try:
         follow_requests(ctx, handle)

@@ -3,7 +3,7 @@
 The only module that times anything. A `Runner` owns the compiled programs of one problem on one
 mesh and times one program for one repetition; `LocalRunner` does it in this process (in-process
 devices, or one process of the lab, where `sync` aligns the processes), the lab's parent side
-forwards the same calls to the lab (see `autotuner.measure.lab`). `run_session` drives a runner:
+forwards the same calls to the lab (see `autotuner.measure.lab_target`). `run_session` drives a runner:
 baseline and candidates in one session, repetitions interleaved, robust summaries, the ratio to
 baseline with a bootstrap confidence interval, the bound max(T_comm, T_comp) + fill and the
 overlap efficiency (T_base - T) / (T_base - T_bound).

@@ -125,14 +125,14 @@ class TargetSession:
         elif target.kind == "local":
             self.device = Device.current(topology="local")
             if ctx is not None:
-                from autotuner.measure.lab import LabRunner
+                from autotuner.measure.lab_target import LabRunner
                 from autotuner.measure.multiprocess import Leader
 
                 self.lab = Leader(ctx, say=self.log)
                 self._lab_runner = LabRunner(self.lab, log=self.log)
         else:
             from autotuner.lab import LabSpec
-            from autotuner.measure.lab import LabRunner, open_lab
+            from autotuner.measure.lab_target import LabRunner, open_lab
 
             spec = LabSpec.parse(target.text)
             self.lab = open_lab(spec, log=self.log)

@@ -25,7 +25,7 @@ How it works, per input signature (tree, shapes, dtypes, shardings, static value
    for all of them (the callable gets the GroupedProblem). An all-gather whose value is also
    used elsewhere (the forward input a weight gradient reuses, the output gradient both backward
    dots read: a shared gather) is run by the ring of its first pair, which also keeps the
-   gathered value (`strategies.build_keeping`) for the other dots of the same jaxpr; a second
+   gathered value (`decompose.build_keeping`) for the other dots of the same jaxpr; a second
    pair on that gather is then "served" (its dot reads the kept copy, no second ring). Where no
    dot can take the kept value the pair stays baseline under `auto` (the gather would stay
    beside the ring); a forced choice is applied with a note. With Explicit layouts, an operand

@@ -289,7 +289,7 @@ class Interpreter:
     def _replace(self, tag: str, eqn: Any, env: dict[Any, Any], producer: dict[Any, Any],
                  consumers: dict[Any, list[Any]], skip: set[int], name_stack: Any,
                  jaxpr: Any, path: tuple[int, ...]) -> bool:
-        from autotuner.strategies import build
+        from autotuner.decompose import build
 
         act = self.actions[tag]
         problem, strategy = act.problem, act.strategy
@@ -338,7 +338,7 @@ class Interpreter:
         says: the equations after it are still to run), or a single problem whose gather is kept,
         into `_pending`; with `keep`, hand the gathered operand to the gathered value's other
         users after that point (`_subst`). Raises (naming why) where it cannot."""
-        from autotuner.strategies import build, build_keeping, comm_out_spec
+        from autotuner.decompose import build, build_keeping, comm_out_spec
 
         members = _members(act)
         tags = act.tags or (tag,)
@@ -381,7 +381,7 @@ class Interpreter:
         """{position: [(tag, action)]}: the kept gathers of this jaxpr whose gathered value some
         other dot reads before the first of their own dots (a weight gradient the transpose
         emits before the input gradient): they run at that position instead."""
-        from autotuner.strategies import comm_out_spec
+        from autotuner.decompose import comm_out_spec
 
         prefix = tag_of(path) + "_" if path else ""
         out: dict[int, list[tuple[str, Action]]] = {}

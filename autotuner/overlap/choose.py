@@ -42,7 +42,7 @@ def _relayout(p: Problem, info: DotInfo) -> str | None:
 
 
 def _valid(problem: Problem | GroupedProblem, s: Strategy) -> str | None:
-    from autotuner.strategies import check_valid
+    from autotuner.decompose import check_valid
 
     if s.method == "xla_windowed":
         return "xla_windowed is a whole-program compile option, not a per-pair rewrite"

@@ -20,7 +20,7 @@ from typing import Any
 
 from autotuner.hlo.compile import keep_json
 from autotuner.hlo.evaluate import manual_computations, multiplicity
-from autotuner.hlo.grouped import group_units
+from autotuner.hlo.group_pairs import group_units
 from autotuner.hlo.names import short_name
 from autotuner.hlo.pairs import Pair, find_pairs
 from autotuner.hlo.problems import dot_index, match_dot
@@ -234,7 +234,7 @@ def _unmapped(dot: DotInfo | None, tag: str | None, problem: Problem | None, map
 def _grouped(sites: list[Site | None], rows: list[PlanRow], pairs: list[tuple[Pair, int]]
              ) -> tuple[list[Site | None], list[PlanRow]]:
     """The sites of the dots one all-gather feeds, made members of their GroupedProblem (as
-    extraction groups them: `hlo.grouped.group_units`); the others unchanged."""
+    extraction groups them: `hlo.group_pairs.group_units`); the others unchanged."""
     by_pair = {id(pair): i for pair, i in pairs}
     units = group_units([(pair, sites[i].problem, rows[i].count) for pair, i in pairs])  # type: ignore[union-attr]
     for unit, unit_pairs, _ in units:
@@ -256,7 +256,7 @@ def _grouped(sites: list[Site | None], rows: list[PlanRow], pairs: list[tuple[Pa
 
 FOUND_FORMAT = 1
 _FINDER = ("autotuner.overlap.find", "autotuner.hlo.text", "autotuner.hlo.pairs", "autotuner.hlo.problems",
-           "autotuner.hlo.grouped", "autotuner.hlo.evaluate", "autotuner.hlo.shardings", "autotuner.hlo.names")
+           "autotuner.hlo.group_pairs", "autotuner.hlo.evaluate", "autotuner.hlo.shardings", "autotuner.hlo.names")
 
 
 @functools.cache

@@ -82,7 +82,7 @@ def likeliest(unit: Problem | GroupedProblem, answer_strategy: Strategy | None, 
     """The decompositions to measure for `unit`, likeliest first: the client's pick (a `model` or
     `nearest` answer's strategy), then the order of `space(unit, device)`. Only rings: XLA's
     windowed einsum is a whole-program option, not a per-pair rewrite."""
-    from autotuner.strategies.space import space
+    from autotuner.decompose.space import space
 
     cands = [s for s in space(unit, device) if s.method == "ring"]
     if answer_strategy is not None and answer_strategy in cands:

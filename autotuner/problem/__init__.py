@@ -15,7 +15,7 @@ from autotuner.problem.core import (
     parse_equation,
     problem_key,
 )
-from autotuner.problem.grouped import GroupedProblem, GroupPattern, problem_from_dict
+from autotuner.problem.grouped_problem import GroupedProblem, GroupPattern, problem_from_dict
 
 __all__ = ["DTYPES", "DTYPE_BYTES", "Entry", "Equation", "GroupPattern", "GroupedProblem", "Operand", "Pattern",
            "Problem", "ProblemError", "parse_equation", "problem_from_dict", "problem_key"]

@@ -266,7 +266,7 @@ def chosen_program(problem: Any, strategy: Any, client: Any, mesh: Any, op: str)
     """`build(problem, s, mesh)` for the forced strategy, or the one every process agrees on for
     "auto"; an "auto" choice that cannot run this problem falls back to the baseline (the same on
     every process: a pure check of the same problem and strategy), a forced one raises."""
-    from autotuner.strategies import build
+    from autotuner.decompose import build
 
     try:
         mode, chosen = parse_choice(strategy, callables=False)

@@ -220,8 +220,8 @@ def tune_problem(ts: Any, database: Any, problem: Problem, *, trials: int = 24, 
     """
     import optuna
 
+    from autotuner.decompose.space import space
     from autotuner.settings import get_settings
-    from autotuner.strategies.space import space
     from autotuner.tune import store
     from db import repository as repo
 

@@ -1,6 +1,6 @@
 """Alembic environment of the autotuner results database.
 
-Run programmatically by :func:`db.session.upgrade` / :func:`db.session.downgrade`, which pass
+Run programmatically by :func:`db.database.upgrade` / :func:`db.database.downgrade`, which pass
 an open connection in ``config.attributes["connection"]`` (inside a transaction they commit).
 When run from the alembic command line it connects to ``-x url=...``, else to
 ``config.attributes["url"]``, else to ``AUTOTUNER_DB_URL`` (:class:`autotuner.settings.Settings`).
@@ -18,8 +18,8 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
 from autotuner.settings import get_settings
-from db.models import Base
-from db.session import make_engine
+from db.database import make_engine
+from db.tables import Base
 
 config = context.config
 target_metadata = Base.metadata

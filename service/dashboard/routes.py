@@ -23,7 +23,7 @@ from fastapi.responses import HTMLResponse, Response
 from db import repository as repo
 from service.dashboard import benches, figures, views
 from service.dashboard.assets import CACHE_CONTROL
-from service.dashboard.params import (
+from service.dashboard.query import (
     PER_PAGE,
     BadParams,
     OverviewParams,

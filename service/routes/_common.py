@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from fastapi import Query
 from pydantic import BaseModel
 
-from service.fields import TEXT_PATTERN
+from service.field_types import TEXT_PATTERN
 
 MAX_ID = 2**31 - 1  # ids are 32-bit on PostgreSQL; larger ones cannot exist
 

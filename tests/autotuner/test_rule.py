@@ -39,11 +39,11 @@ def test_on_tpu_plain_is_the_reference_and_estimates_win_when_faster_at_all():
 
 def test_the_threshold_and_the_rule_are_defined_once():
     """Only autotuner/rule.py defines the threshold or compares a lower end with a literal 1.0; the
-    database's rule and the in-job answer call `choose` (db.rule no longer exports a threshold)."""
+    database's rule and the in-job answer call `choose` (db.apply_rule no longer exports a threshold)."""
     import re
     from pathlib import Path
 
-    import db.rule
+    import db.apply_rule
 
     root = Path(__file__).resolve().parents[2]
     offenders = []
@@ -55,8 +55,8 @@ def test_the_threshold_and_the_rule_are_defined_once():
             if re.search(r"MIN_SPEEDUP_LO\s*=|(lo|ratio_lo|\[0\])\s*>\s*1\.0\b", text):
                 offenders.append(str(path.relative_to(root)))
     assert offenders == []
-    assert not hasattr(db.rule, "MIN_SPEEDUP_LO")
-    assert "choose(" in Path(db.rule.__file__).read_text()
+    assert not hasattr(db.apply_rule, "MIN_SPEEDUP_LO")
+    assert "choose(" in Path(db.apply_rule.__file__).read_text()
     assert "choose(" in (root / "autotuner" / "runtime" / "answers.py").read_text()
 
 

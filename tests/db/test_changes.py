@@ -8,7 +8,7 @@ from sqlalchemy import select
 from db import Database, StorageError
 from db import repository as repo
 from db._changes import KEEP_GENERATIONS
-from db.models import WinnerChange
+from db.tables import WinnerChange
 from tests.db.test_repository import add_device, add_problem, item
 
 BASE = {"method": "baseline"}

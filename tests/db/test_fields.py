@@ -17,7 +17,7 @@ from db import records
 from db._common import check_values
 from db._convert import row_converter
 from db.fields import KEY_LEN, LONG_TEXT, Spec, fields_of, joined, long_text, specs, text
-from db.models import Base, UTCDateTime
+from db.tables import Base, UTCDateTime
 from service import schemas
 
 # every table, the record its columns come from, and the columns no record shows

@@ -27,8 +27,8 @@ from db import (
     upgrade,
 )
 from db import repository as repo
-from db.models import Base
-from db.session import MIGRATIONS_DIR
+from db.database import MIGRATIONS_DIR
+from db.tables import Base
 
 OUR_TABLES = {"devices", "problems", "measurements", "winners", "tuning_jobs", "demand", "tokens",
               "calibrations", "failures", "generation", "winner_changes", "model_benches", "step_evidence"}

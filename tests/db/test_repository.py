@@ -29,8 +29,8 @@ from db import (
     session_scope,
 )
 from db import repository as repo
-from db.models import Device, Problem, Token, UTCDateTime, Winner
 from db.records import DeviceRecord, ProblemRecord
+from db.tables import Device, Problem, Token, UTCDateTime, Winner
 
 BASELINE = {"method": "baseline"}
 RING = {"method": "ring", "chunks": 2}
@@ -1185,7 +1185,7 @@ class TestEngines:
             engine.dispose()
 
     def test_foreign_keys_are_enforced(self, database: Database, backend: str) -> None:
-        from db.models import Measurement
+        from db.tables import Measurement
 
         with pytest.raises(DuplicateError), database.session() as s:
             s.add(

@@ -1392,7 +1392,7 @@ def check_k8s_tuners(d: Deploy) -> list[str]:
     the environment (or --token-file),
     with FILE from a ConfigMap whose problems load and fit the accelerators the Job asks for;
     a GPU Job and a GKE TPU Job, each on an image with the matching JAX."""
-    from autotuner.problem.files import load_problems
+    from autotuner.problem.problems_file import load_problems
 
     errors = []
     found: set[str] = set()

@@ -30,7 +30,7 @@ to (data, model, None)):
   dots fed by an all-gathered operand whose batch contraction over data needs an all-reduce: pairs
   in the HLO, not Problems.
 
-Grouped gathers (autotuner.hlo.grouped): the Q/K/V gather and the gate/up gather each feed several
+Grouped gathers (autotuner.hlo.group_pairs): the Q/K/V gather and the gate/up gather each feed several
 mapped dots, so each is one grouped problem (all_gather_group3 / all_gather_group2), not 3 / 2
 single ones: occurrences count the gathers the program runs, `pairs` still the HLO's dot pairs.
 In the training step each gathered output gradient feeds one decomposable dot (and one skipped

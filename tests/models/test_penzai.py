@@ -29,7 +29,7 @@ Sequence parallel (residual stream between blocks laid out batch over data, seq 
   gate/value and Q/K/V reduce-scattered (seq) into the residual gradient (5 pairs): 7 more
   decomposable pairs, 4 more distinct problems.
 
-Grouped gathers (autotuner.hlo.grouped): the Q/K/V gather and the gate/up gather each feed several
+Grouped gathers (autotuner.hlo.group_pairs): the Q/K/V gather and the gate/up gather each feed several
 mapped dots, so each is one grouped problem (all_gather_group3 / all_gather_group2), not 3 / 2
 single ones: occurrences count the gathers the program runs, `pairs` still the HLO's dot pairs.
 In the training step each gathered output gradient feeds one decomposable dot (and one skipped

@@ -10,7 +10,7 @@ import pytest
 from autotuner import Device, Problem
 from db import Database
 from db import repository as repo
-from service.model import ModelAnswer
+from service.costmodel_hook import ModelAnswer
 from service.testing import (
     DEVICE,
     READ_HEADERS,
@@ -155,7 +155,7 @@ def test_model_hook(make_client):
     assert lookup(pairs, problem()).json()["source"] == "model"
     bad = make_client(model=lambda p, d: (Strategy.from_dict(dict(RING, chunks=4)), 1.2))
     assert lookup(bad, problem(2056)).json()["source"] == "default"
-    from service.model import model_answer
+    from service.costmodel_hook import model_answer
 
     assert model_answer(Problem.from_dict(problem()), Device.from_dict(DEVICE)) is None
 

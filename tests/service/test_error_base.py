@@ -24,5 +24,5 @@ def test_every_error_class_of_db_and_service_is_an_autotuner_error():
             for name, cls in inspect.getmembers(module, inspect.isclass):
                 if cls.__module__ == module.__name__ and issubclass(cls, BaseException):
                     found[f"{module.__name__}.{name}"] = cls
-    assert {"db.errors.StorageError", "service.dashboard.params.BadParams"} <= set(found)
+    assert {"db.errors.StorageError", "service.dashboard.query.BadParams"} <= set(found)
     assert [n for n, cls in found.items() if not issubclass(cls, AutotunerError)] == []

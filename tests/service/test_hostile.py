@@ -18,7 +18,7 @@ import pytest
 
 from autotuner import Device, Problem
 from db import repository as repo
-from service.fields import ParseMemo
+from service.field_types import ParseMemo
 from service.lookups import DemandRecorder, _Coalescer
 from service.routes.lookup import PROCESS_HEADER
 from service.testing import DEVICE, WRITE_HEADERS, WRITE_TOKEN, live_server, measurements, problem

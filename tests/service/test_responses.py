@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from autotuner import Device, Problem, Strategy
-from service.model import ModelAnswer
+from service.costmodel_hook import ModelAnswer
 from service.routes.health import VERSION
 from service.testing import DEVICE, RING, WRITE_HEADERS, measurements, problem
 

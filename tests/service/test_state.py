@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from autotuner import Problem
-from service.fields import ParseMemo, parse_problem
+from service.field_types import ParseMemo, parse_problem
 from service.testing import DEVICE, problem
 
 

@@ -8,7 +8,7 @@ import shutil
 
 from autotuner import Device, Problem
 from autotuner.measure import Candidate
-from autotuner.tune import store, worker
+from autotuner.tune import service_worker, store
 from db import Database
 from db import repository as repo
 from db.records import MEASUREMENT_INPUT_FIELDS
@@ -36,7 +36,7 @@ def test_a_runs_measurements_reach_the_service_unchanged(client, sqlite_template
         store.save(scratch, device, prob, earlier)
         items = [store.measurement_item(c, run_id="run-1", host="h1") for c in _candidates()]
         store.save(scratch, device, prob, items)
-        uploaded = worker.run_items(scratch, device, prob, "run-1")
+        uploaded = service_worker.run_items(scratch, device, prob, "run-1")
         with scratch.session(read_only=True) as s:
             dev, p = repo.get_device_by_key(s, device.key), repo.get_problem_by_key(s, prob.key)
             local = [m for m in repo.list_measurements(s, p.id, dev.id) if m.run_id == "run-1"]
@@ -45,7 +45,7 @@ def test_a_runs_measurements_reach_the_service_unchanged(client, sqlite_template
     assert len(uploaded) == 3 and all("created_at" not in item for item in uploaded)
 
     client.headers.update(WRITE_HEADERS)
-    body = worker.upload(client, device, prob, uploaded)
+    body = service_worker.upload(client, device, prob, uploaded)
     assert body["recorded"] == 3 and body["winner"]["strategy"] == RING
 
     database = client.app.state.autotuner.database
@@ -67,8 +67,8 @@ def test_an_upload_carries_the_problems_readable_name(client):
     device, prob = Device.from_dict(DEVICE), Problem.from_dict(problem())
     items = [store.measurement_item(c, run_id="run-1", host="h1") for c in _candidates()]
     client.headers.update(WRITE_HEADERS)
-    worker.upload(client, device, prob, items, name="mlp/up_proj")
-    worker.upload(client, device, prob, items)
+    service_worker.upload(client, device, prob, items, name="mlp/up_proj")
+    service_worker.upload(client, device, prob, items)
     with client.app.state.autotuner.database.session(read_only=True) as s:
         assert repo.get_problem_by_key(s, prob.key).name == "mlp/up_proj"
     r = client.post("/v1/results", json={"device": DEVICE, "problem": problem(), "name": "x" * 257,

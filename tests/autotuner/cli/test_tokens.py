@@ -176,11 +176,11 @@ class _Session:
 @pytest.mark.parametrize("how", ["env", "file"])
 def test_worker_token_from_the_environment_or_a_file(recorder, tmp_path, monkeypatch, how):
     from autotuner.measure import targets
-    from autotuner.tune import worker
+    from autotuner.tune import service_worker
 
     got: list[str] = []
     monkeypatch.setattr(targets, "TargetSession", _Session)
-    monkeypatch.setattr(worker, "work", lambda ts, service, token, **kw: got.append(token) or 0)
+    monkeypatch.setattr(service_worker, "work", lambda ts, service, token, **kw: got.append(token) or 0)
     secret = tmp_path / "token"
     secret.write_text("worker-file-token\n")
     extra, env = (([], {"AUTOTUNER_WORKER_TOKEN": "worker-env-token"}) if how == "env"

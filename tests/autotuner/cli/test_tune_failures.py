@@ -12,8 +12,8 @@ import pytest
 from typer.testing import CliRunner
 
 import autotuner.cli.tune  # noqa: F401 - registers `tune` on the app
+import autotuner.decompose as strategies_mod
 import autotuner.measure as measure_mod
-import autotuner.strategies as strategies_mod
 from autotuner import Problem
 from autotuner.cli.common import app
 from autotuner.cli.tune import summary_line

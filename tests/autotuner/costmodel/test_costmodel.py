@@ -17,10 +17,10 @@ import autotuner
 from autotuner import Device, Problem, Strategy, costmodel, space
 from autotuner.costmodel import Params, geometry, predict, predict_all, ranker, simulate
 from autotuner.costmodel.calibrate import _ag_problem, _rs_problem
+from autotuner.decompose import build, compiler_options
+from autotuner.decompose._common import pspec
 from autotuner.measure.session import COMM, COMP
 from autotuner.problem.suite import suite
-from autotuner.strategies import build, compiler_options
-from autotuner.strategies._common import pspec
 from autotuner.testing import netns_reason
 
 GBIT = 1e9 / 8  # bytes/s of 1 Gbit/s

@@ -39,7 +39,7 @@ from autotuner.hlo import (
     parse_sharding,
     tiling_spec,
 )
-from autotuner.problem.files import load_problems
+from autotuner.problem.problems_file import load_problems
 
 ROOT = Path(__file__).resolve().parents[3]
 

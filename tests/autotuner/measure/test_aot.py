@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 from autotuner import Problem, Strategy
+from autotuner.decompose.space import space
 from autotuner.hlo.chips import CHIPS, chip_for
 from autotuner.hlo.schedule import estimate, placement_of
 from autotuner.measure.aot import AotRunner, mesh_on
 from autotuner.measure.targets import Target, TargetError, TargetSession
-from autotuner.strategies.space import space
 
 pytestmark = pytest.mark.tpu
 
@@ -233,7 +233,7 @@ def test_a_rings_serial_control_overlaps_nothing_in_xla_tpus_schedule(tpu_device
     schedule XLA:TPU compiles for it, no async collective has a dot inside its span, where the
     ring's own schedule hides its transfers behind dots. (XLA may slice through a concatenate or
     remove an optimization barrier: only a dependency on every element holds.)"""
-    from autotuner.strategies import build, check_valid
+    from autotuner.decompose import build, check_valid
 
     devs = tpu_devices("v5e:2x2")
     runner = AotRunner(mesh_on(devs, (4,), ("x",)))

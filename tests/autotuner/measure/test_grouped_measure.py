@@ -6,7 +6,7 @@ from __future__ import annotations
 import jax
 import pytest
 
-import autotuner.strategies.grouped as grouped_mod
+import autotuner.decompose.grouped_allgather as grouped_mod
 from autotuner import GroupedProblem, Strategy, space
 from autotuner.measure import LocalRunner, run_session
 
@@ -72,7 +72,7 @@ def test_tune_stores_the_group_under_its_key(tmp_path) -> None:
     from autotuner.tune.search import tune_problem
     from db import Database
     from db import repository as repo
-    from db.models import Problem as ProblemRow
+    from db.tables import Problem as ProblemRow
 
     database = Database(f"sqlite:///{tmp_path / 'g.db'}")
     database.upgrade()

@@ -10,7 +10,7 @@ import pytest
 from autotuner import Problem, space
 from autotuner.lab import LabSpec
 from autotuner.measure import run_session
-from autotuner.measure.lab import LabRunner, open_lab
+from autotuner.measure.lab_target import LabRunner, open_lab
 from autotuner.testing import netns_reason
 
 pytestmark = [pytest.mark.lab, pytest.mark.slow]

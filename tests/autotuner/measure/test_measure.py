@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import autotuner.strategies as strategies_mod
+import autotuner.decompose as strategies_mod
 from autotuner import Problem, Strategy, space
 from autotuner.measure import LocalRunner, Summary, bound, efficiency, ratio_ci, run_session
 

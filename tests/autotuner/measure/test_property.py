@@ -139,7 +139,7 @@ def test_random_einsums_tune_correctly_with_a_sample_of_their_space(problem: Pro
 
 
 @pytest.mark.slow
-@settings(max_examples=6, deadline=None, derandomize=True,   # tests/autotuner/strategies walks every space too
+@settings(max_examples=6, deadline=None, derandomize=True,   # tests/autotuner/decompose walks every space too
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(problem=sharded_einsums())
 def test_random_einsums_tune_correctly_with_every_strategy(problem: Problem) -> None:

@@ -185,7 +185,7 @@ def test_a_ring_that_recurs_is_built_once_and_full_collections_wait(monkeypatch:
     wait (each walks every live object), and the thresholds are restored after."""
     import gc
 
-    import autotuner.strategies as strategies
+    import autotuner.decompose as decompose
 
     if jax.device_count() < 4:
         pytest.skip("needs 4 devices")
@@ -202,8 +202,8 @@ def test_a_ring_that_recurs_is_built_once_and_full_collections_wait(monkeypatch:
         return a + jax.lax.with_sharding_constraint(jnp.einsum("bsd,df->bsf", x2, w2), out)
 
     built, during = [], []
-    real = strategies.build
-    monkeypatch.setattr(strategies, "build", lambda *a, **k: built.append(a[:2]) or real(*a, **k))
+    real = decompose.build
+    monkeypatch.setattr(decompose, "build", lambda *a, **k: built.append(a[:2]) or real(*a, **k))
     thresholds = gc.get_threshold()
 
     def choose(p: Any) -> Any:   # called while the pass prepares

@@ -9,7 +9,7 @@ import pytest
 
 from autotuner import GroupedProblem, Problem, ProblemError
 from autotuner.problem import problem_from_dict
-from autotuner.problem.files import ProblemsFileError, load_problems
+from autotuner.problem.problems_file import ProblemsFileError, load_problems
 
 Q = {"equation": "bsd,dhk->bshk", "lhs": {"shape": [2, 16, 32], "spec": [None, "x", None]},
      "rhs": {"shape": [32, 4, 8], "spec": [None, "x", None]}, "out_spec": [None, None, "x", None],

@@ -43,7 +43,7 @@ def _inputs() -> tuple[Any, Any, list[Any], list[Any], list[np.ndarray]]:
 
 
 def _group(mesh: Any, x: Any, ws: list[Any], outs: list[Any]) -> GroupedProblem:
-    from autotuner.runtime.grouped import grouped_problem_for
+    from autotuner.runtime.grouped_collective import grouped_problem_for
 
     return grouped_problem_for(EQS, x, ws, mesh=mesh, out_specs=outs)
 
@@ -60,7 +60,7 @@ def fresh_decisions() -> Iterator[None]:
 def test_every_forced_strategy_gives_the_plain_einsums(fresh_decisions) -> None:
     import jax
 
-    from autotuner.runtime.grouped import collective_einsums
+    from autotuner.runtime.grouped_collective import collective_einsums
 
     mesh, x, ws, outs, want = _inputs()
     gp = _group(mesh, x, ws, outs)
@@ -78,7 +78,7 @@ def test_the_served_winner_runs_and_a_grouped_lookup_is_answered(tmp_path, fresh
     import jax
 
     from autotuner.runtime.collective import decisions
-    from autotuner.runtime.grouped import collective_einsums
+    from autotuner.runtime.grouped_collective import collective_einsums
 
     mesh, x, ws, outs, want = _inputs()
     gp = _group(mesh, x, ws, outs)

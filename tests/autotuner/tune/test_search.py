@@ -29,7 +29,7 @@ def measured_keys(db_url_or_path, sql_conn=None) -> list[str]:
     from sqlalchemy import select
 
     from db import Database
-    from db.models import Measurement
+    from db.tables import Measurement
 
     database = Database(str(db_url_or_path))
     with database.session(read_only=True) as s:
@@ -166,7 +166,7 @@ def test_four_workers_share_one_postgres_study(tmp_path, pg_url):
     from sqlalchemy import func, select
 
     from db import Database
-    from db.models import Winner
+    from db.tables import Winner
 
     database = Database(pg_url)
     with database.session(read_only=True) as s:

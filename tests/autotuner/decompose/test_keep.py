@@ -11,8 +11,8 @@ import pytest
 
 import autotuner
 from autotuner import GroupedProblem, Strategy, StrategyError
-from autotuner.strategies import build_keeping
-from autotuner.strategies.canonical import canonical
+from autotuner.decompose import build_keeping
+from autotuner.decompose.canonical import canonical
 from autotuner.testing import TOLERANCE, group_inputs, group_reference, random_group, relative_error
 
 from .test_grouped import make_mesh

@@ -16,7 +16,7 @@ from jax.sharding import NamedSharding
 
 import autotuner
 from autotuner import Problem, Strategy, StrategyError
-from autotuner.strategies._common import pspec
+from autotuner.decompose._common import pspec
 from autotuner.testing import TOLERANCE, inputs, random_problem, reference, relative_error
 
 

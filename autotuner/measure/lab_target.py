@@ -19,7 +19,7 @@ from autotuner.measure.local import LocalRunner
 from autotuner.problem import Problem, problem_from_dict
 from autotuner.strategy import Strategy
 
-HANDLER = "autotuner.measure.lab:handle"
+HANDLER = "autotuner.measure.lab_target:handle"
 
 # -- worker side --------------------------------------------------------------------------------
 

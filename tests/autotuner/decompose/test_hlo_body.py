@@ -26,8 +26,8 @@ import pytest
 
 import autotuner
 from autotuner import Problem, Strategy
-from autotuner.strategies import check_valid
-from autotuner.strategies.canonical import canonical
+from autotuner.decompose import check_valid
+from autotuner.decompose.canonical import canonical
 from autotuner.strategy import StrategyError
 
 DOT_OPS = ("dot", "convolution")
@@ -381,7 +381,7 @@ def test_every_strategy_of_a_3d_or_4d_problem_matches_einsum(p):
 
 
 def keep_hlo(p: Problem, s: Strategy) -> dict[str, list[Instr]]:
-    from autotuner.strategies import build_keeping
+    from autotuner.decompose import build_keeping
 
     n = p.axis_size
     mesh = jax.make_mesh((n,), ("x",), devices=jax.devices()[:n])

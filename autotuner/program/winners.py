@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from autotuner.cli.common import db_url, fail, open_database
+from autotuner.program.console import db_url, fail, open_database
 
 SOURCE_HELP = ("winners from a results database URL (--db), a service (--service URL) or a snapshot "
                "file (--snapshot); default: AUTOTUNER_SERVICE_URL if set, else none (all baseline)")

@@ -13,7 +13,7 @@ from jax.sharding import NamedSharding
 
 import autotuner
 from autotuner import GroupedProblem, Strategy, StrategyError
-from autotuner.strategies._common import pspec
+from autotuner.decompose._common import pspec
 from autotuner.testing import TOLERANCE, group_inputs, group_reference, random_group, relative_error
 
 

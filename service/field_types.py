@@ -42,7 +42,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from autotuner import Device, DeviceError, Problem, ProblemError, Strategy, StrategyError
 from autotuner.problem import GroupedProblem, problem_from_dict
 from autotuner.problem.core import MAX_RANK
-from autotuner.problem.grouped import MAX_EINSUMS
+from autotuner.problem.grouped_problem import MAX_EINSUMS
 from db import DeviceRecord, ProblemRecord
 from db.fields import INT_MAX, fields_of
 from service.bounded import BoundedDict, estimate

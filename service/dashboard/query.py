@@ -23,7 +23,7 @@ from pydantic import (
 )
 
 from autotuner.errors import AutotunerError
-from service.fields import check_text
+from service.field_types import check_text
 from service.schemas import SortKey
 
 __all__ = ["PER_PAGE", "BadParams", "OverviewParams", "ProblemRef", "TableParams", "parse",

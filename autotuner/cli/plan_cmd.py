@@ -14,9 +14,17 @@ from typing import Annotated, Any
 import typer
 
 from autotuner.cli.common import app, err, fail, fmt
-from autotuner.cli.program import FACTORY_HELP, aot_target, load_program, relaid
-from autotuner.cli.winners import SOURCE_HELP, make_client
 from autotuner.device import ESTIMATED_LABEL
+from autotuner.program.load import (
+    FACTORY_HELP,
+    MEMORY_HELP,
+    aot_target,
+    load_program,
+    memory_arg,
+    mesh_size,
+    relaid,
+)
+from autotuner.program.winners import SOURCE_HELP, make_client
 
 HELP = f"""Show what the compiler pass `autotuner.overlap` does to a program: one row per collective/einsum pair (readable name, problem key, strategy, source of the choice, predicted saving).
 
@@ -26,7 +34,7 @@ Under --strategy auto (the default) a pair runs a tuned winner only when its spe
 
 
 def print_plan(plan: list[dict[str, Any]], notes: list[str], out: Any = None) -> None:
-    """The rows of `cli.model.plan_rows` as a table, then the notes."""
+    """The rows of `program.factory.plan_rows` as a table, then the notes."""
     out = out or sys.stdout
     xla = any(r.get("xla") for r in plan)   # a compiler that decomposes pairs itself (XLA:TPU)
     head = ("pair", "problem", "collective", *(("xla",) if xla else ()), "strategy", "source", "saving", "x")
@@ -45,23 +53,6 @@ def print_plan(plan: list[dict[str, Any]], notes: list[str], out: Any = None) ->
     for t in notes:
         out.write(f"note: {t}\n")
     out.flush()
-
-
-MEMORY_HELP = ("how much the step's temp memory may grow over plain jit's: a fraction (default 0.05, "
-               "+5%) or 'none'; past it the pass sheds kept gathers, then rings")
-
-
-def memory_arg(text: str) -> float | None:
-    """--memory: a growth fraction >= 0, or none."""
-    if text.strip().lower() == "none":
-        return None
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not value >= 0 or value == float("inf"):
-        fail(f"--memory {text!r}: expected a growth fraction >= 0 (0.05 for +5%) or 'none'")
-    return value
 
 
 def strategy_arg(text: str) -> Any:
@@ -120,8 +111,8 @@ def plan_cmd(
                         devices=devices or (len(aot[1]) if aot and not mesh else None))
     import jax
 
-    from autotuner.cli.model import plan_notes, plan_rows
     from autotuner.overlap import overlap
+    from autotuner.program.factory import plan_notes, plan_rows
 
     fn, args, fkw, run_mesh, prefer = prog.fn, prog.args, prog.kwargs, prog.mesh, None
     if aot is not None:
@@ -150,17 +141,3 @@ def plan_cmd(
         print_plan(rows, notes)
     if not plan:
         err.print("no collective/einsum pair in this program: overlap(fn) is plain jax.jit", highlight=False)
-
-
-def mesh_size(prog: Any) -> int:
-    """Devices of the mesh the program's arguments are laid out on (or --mesh), else all."""
-    import jax
-    from jax.sharding import NamedSharding
-
-    if prog.mesh is not None:
-        return int(prog.mesh.size)
-    for leaf in jax.tree.leaves((prog.args, prog.kwargs)):
-        sh = getattr(leaf, "sharding", None)
-        if isinstance(sh, NamedSharding):
-            return int(sh.mesh.size)
-    return jax.device_count()

@@ -31,8 +31,8 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import AxisType, Mesh, NamedSharding
 
+from autotuner.decompose._common import check_mesh, constrain, pspec
 from autotuner.problem import Problem
-from autotuner.strategies._common import check_mesh, constrain, pspec
 from autotuner.strategy import Strategy
 
 #: platforms whose compiler honours the options below (what `space` offers xla_windowed on)

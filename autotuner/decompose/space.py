@@ -15,14 +15,14 @@ def space(problem: Problem | GroupedProblem, device: Device | None = None) -> li
     `xla_windowed`; in a stable order.
 
     The ring decompositions are valid on every platform. `xla_windowed` (XLA's own windowed
-    einsum, see `autotuner.strategies.xla`) is offered only when `device` names a platform whose
+    einsum, see `autotuner.decompose.xla`) is offered only when `device` names a platform whose
     compiler honours its options (gpu: with and without multi-streaming; tpu); never on CPU,
     which accepts the options and ignores them, nor when the device is unknown.
     A grouped problem (one gather feeding k einsums) gets the all-gather ring's knobs, each
     combination valid for every one of its einsums.
     """
-    from autotuner.strategies import check_valid
-    from autotuner.strategies.xla import MULTI_STREAM_PLATFORMS, PLATFORMS
+    from autotuner.decompose import check_valid
+    from autotuner.decompose.xla import MULTI_STREAM_PLATFORMS, PLATFORMS
 
     out = [Strategy.baseline()]
     if problem.pattern.kind == "none" or problem.axis_size == 1:

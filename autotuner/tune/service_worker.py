@@ -19,14 +19,10 @@ from typing import Any
 import httpx
 
 from autotuner.device import Device
-from autotuner.errors import AutotunerError
+from autotuner.errors import ServiceError
 from autotuner.problem import Problem, problem_from_dict
 
 log = logging.getLogger(__name__)
-
-
-class ServiceError(AutotunerError, RuntimeError):
-    pass
 
 
 def _check(r: httpx.Response, what: str) -> Any:

@@ -3,7 +3,7 @@
 - baseline: the operand gathered once, then the k plain einsums (what GSPMD emits);
 - ring: one ring loop of CollectivePermutes drives all k einsums: every step moves each shard (or
   chunk) of the shared operand once and multiplies it by every weight while the next one is in
-  flight. The knobs are those of a single all-gather ring (`autotuner.strategies.allgather`):
+  flight. The knobs are those of a single all-gather ring (`autotuner.decompose.allgather`):
   direction, chunks, unroll, fuse and send_first, with the same meaning; the partial einsums of
   member m are those of the single ring of member m (the same `_AG` pieces), so a group of one
   would be exactly that ring.
@@ -24,17 +24,17 @@ import jax.numpy as jnp
 from jax import lax
 from jax.sharding import Mesh
 
-from autotuner.problem import GroupedProblem, Problem
-from autotuner.strategies._common import (
+from autotuner.decompose._common import (
     Layout,
     check_mesh,
     constrain,
     pspec,
 )
-from autotuner.strategies.allgather import _AG, Ring
-from autotuner.strategies.baseline import comm_out_spec
-from autotuner.strategies.canonical import canonical, local_shape
-from autotuner.strategies.xla import plain_einsum
+from autotuner.decompose.allgather import _AG, Ring
+from autotuner.decompose.baseline import comm_out_spec
+from autotuner.decompose.canonical import canonical, local_shape
+from autotuner.decompose.xla import plain_einsum
+from autotuner.problem import GroupedProblem, Problem
 from autotuner.strategy import Strategy
 
 LocalFn = Callable[..., tuple[jax.Array, ...]]
@@ -141,7 +141,7 @@ def local_ring(gp: GroupedProblem, s: Strategy) -> LocalFn:
 
 
 def wrap_keeping(members: Sequence[Problem], s: Strategy, mesh: Mesh) -> Callable[..., tuple[jax.Array, ...]]:
-    """The ring of `s` (valid for every member: `strategies.build_keeping` checks) over the one
+    """The ring of `s` (valid for every member: `decompose.build_keeping` checks) over the one
     all-gather of `members`, that also returns the gathered operand: `fn(x, *weights) ->
     (*results, gathered)`, x the gathered operand whichever side of the einsums it stands on,
     `gathered` laid out without the collective axis (`comm_out_spec`)."""

@@ -7,17 +7,17 @@ from collections.abc import Callable
 import jax
 from jax.sharding import Mesh
 
-from autotuner.problem import GroupedProblem, Problem, ProblemError
-from autotuner.strategies import allgather, grouped, reducescatter
-from autotuner.strategies._common import check_mesh, loop_trips, wrap
-from autotuner.strategies.baseline import (
+from autotuner.decompose import allgather, grouped_allgather, reducescatter
+from autotuner.decompose._common import check_mesh, loop_trips, wrap
+from autotuner.decompose.baseline import (
     comm_out_spec,
     compute_only,
     local_baseline,
     local_comm_only,
 )
-from autotuner.strategies.canonical import on_canonical
-from autotuner.strategies.xla import compiler_options, plain_einsum
+from autotuner.decompose.canonical import on_canonical
+from autotuner.decompose.xla import compiler_options, plain_einsum
+from autotuner.problem import GroupedProblem, Problem, ProblemError
 from autotuner.strategy import Strategy, StrategyError
 
 __all__ = ["build", "build_keeping", "build_parts", "check_valid", "comm_out_spec", "compiler_options", "loop_trips"]
@@ -43,7 +43,7 @@ def check_valid(problem: Problem | GroupedProblem, s: Strategy) -> None:
     if pat.kind == "reduce_scatter" and s.fuse != "loop":
         raise StrategyError("fuse", "a reduce-scatter ring accumulates in the loop; only 'loop' applies")
     operand = "out" if pat.kind == "reduce_scatter" else pat.operand
-    from autotuner.strategies._common import Layout
+    from autotuner.decompose._common import Layout
 
     blk = Layout(problem, pat.axis, n).local_extent(operand, pat.letter)
     need = s.chunks * (2 if s.direction == "bidi" and n % 2 == 0 else 1)
@@ -61,7 +61,7 @@ def build(problem: Problem | GroupedProblem, strategy: Strategy, mesh: Mesh
     """A jittable function of the two global arrays returning the einsum sharded as `out_spec`.
 
     For a GroupedProblem: a function of `(x, w_1, ..., w_k)` returning the k results (see
-    `autotuner.strategies.grouped`). For `plain` and `xla_windowed` this is the plain GSPMD einsum
+    `autotuner.decompose.grouped_allgather`). For `plain` and `xla_windowed` this is the plain GSPMD einsum
     (compiled with `compiler_options(strategy, platform)`, XLA's windowed einsum for the latter)."""
     if isinstance(strategy, dict):
         strategy = Strategy.from_dict(strategy)
@@ -69,10 +69,10 @@ def build(problem: Problem | GroupedProblem, strategy: Strategy, mesh: Mesh
         check_mesh(problem.members[0], mesh)
         check_valid(problem, strategy)
         if strategy.is_baseline:
-            return grouped.wrap(problem, mesh, grouped.local_baseline(problem))
+            return grouped_allgather.wrap(problem, mesh, grouped_allgather.local_baseline(problem))
         if strategy.method in ("plain", "xla_windowed"):
-            return grouped.plain_einsums(problem, mesh)
-        return grouped.wrap(problem, mesh, grouped.local_ring(problem, strategy))
+            return grouped_allgather.plain_einsums(problem, mesh)
+        return grouped_allgather.wrap(problem, mesh, grouped_allgather.local_ring(problem, strategy))
     if not isinstance(problem, Problem):
         raise TypeError(f"build() needs a Problem, got {type(problem).__name__}")
     check_mesh(problem, mesh)
@@ -102,18 +102,18 @@ def build_keeping(unit: Problem | GroupedProblem, strategy: Strategy, mesh: Mesh
     if members[0].pattern.kind != "all_gather" or strategy.method != "ring":
         raise StrategyError("method", "keeping the gathered operand needs a ring over an all-gather")
     check_valid(unit, strategy)
-    return grouped.wrap_keeping(members, strategy, mesh)
+    return grouped_allgather.wrap_keeping(members, strategy, mesh)
 
 
 def build_parts(problem: Problem | GroupedProblem, mesh: Mesh) -> tuple[Callable, Callable]:
-    """(collective alone, einsum alone) for the harness's bound; see baseline.py (grouped.py for
+    """(collective alone, einsum alone) for the harness's bound; see baseline.py (grouped_allgather.py for
     a grouped problem: the one gather alone, the k einsums alone).
 
     The collective alone returns what the collective produces, laid out as `comm_out_spec`: for an
     all-gather that is the gathered operand (its rank, not the einsum output's: `abc,cde->abde`
     gathers a rank-3 operand into a rank-4 einsum), for a reduce-scatter the scattered output."""
     if isinstance(problem, GroupedProblem):
-        return grouped.wrap_comm(problem, mesh), grouped.compute_only(problem, mesh)
+        return grouped_allgather.wrap_comm(problem, mesh), grouped_allgather.compute_only(problem, mesh)
     check_mesh(problem, mesh)
     if problem.pattern.kind == "none":
         raise ProblemError("problem", "a local einsum has no collective to time")

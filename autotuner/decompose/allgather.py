@@ -20,8 +20,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from autotuner.problem import Problem
-from autotuner.strategies._common import (
+from autotuner.decompose._common import (
     Blocks,
     Layout,
     block_start,
@@ -30,6 +29,7 @@ from autotuner.strategies._common import (
     slice_dim,
     split,
 )
+from autotuner.problem import Problem
 from autotuner.strategy import Strategy
 
 

@@ -8,7 +8,7 @@ import math
 import socket
 from typing import Any
 
-from autotuner.cli.common import db_url, fail, open_database
+from autotuner.program.console import db_url, fail, open_database
 
 
 def _finite(x: Any) -> Any:

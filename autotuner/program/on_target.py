@@ -1,7 +1,7 @@
 """A user's program opened on a target, for `bench-model` and `tune-model`: loaded from
 MODULE:FACTORY, planned by `overlap` with the winners of --db/--service/--snapshot for the
 target's device, its numerics checked against plain jit - in this process (`inproc:N`, `local`)
-or in every process of a lab (`lab:...`, through the handler `autotuner.cli.model:handle`). The
+or in every process of a lab (`lab:...`, through the handler `autotuner.program.factory:handle`). The
 two commands differ only in what they then time; `Opened` gives both the same operations.
 """
 
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from autotuner.cli.common import fail, say
+from autotuner.program.console import fail, say
 
 LOAD_TIMEOUT_S = 1800.0   # a lab's answer to loading, timing or profiling a whole step
 
@@ -21,9 +21,8 @@ LOAD_TIMEOUT_S = 1800.0   # a lab's answer to loading, timing or profiling a who
 def target_args(on: str, mesh: str | None, kwargs: str | None, memory: str
                 ) -> tuple[Any, dict[str, int] | None, dict[str, Any], float | None]:
     """The --target, --mesh, --kwargs and --memory options parsed (the command fails on bad ones)."""
-    from autotuner.cli.plan import memory_arg
-    from autotuner.cli.program import parse_kwargs, parse_mesh
     from autotuner.measure.targets import Target, TargetError
+    from autotuner.program.load import memory_arg, parse_kwargs, parse_mesh
 
     bound = memory_arg(memory)
     try:
@@ -35,7 +34,7 @@ def target_args(on: str, mesh: str | None, kwargs: str | None, memory: str
 
 @dataclass
 class Opened:
-    """The program planned on its target: the plan's rows (`model.plan_rows`), notes, program key
+    """The program planned on its target: the plan's rows (`factory.plan_rows`), notes, program key
     and worst relative error against plain jit; `runner_for(problem)` times one problem alone on
     the same target. Exactly one of `lab` and `bench` is set."""
 
@@ -78,7 +77,7 @@ class Opened:
         return time_steps(self.bench.thunks(), reps=reps, warmup=warmup)
 
     def set_variants(self, choices: list[dict[str, Any]], memory: float | None) -> tuple[list[set[str]], float]:
-        """The programs timed beside plain and the plan (`model.Bench.set_variants`): each one's
+        """The programs timed beside plain and the plan (`factory.Bench.set_variants`): each one's
         applied problem keys, and their worst relative error against plain jit."""
         if self.lab is not None:
             got = self._lab({"op": "step_variants", "memory": memory,
@@ -102,9 +101,9 @@ def open_program(tgt: Any, target: str, fkw: dict[str, Any], shape: dict[str, in
     for the target's device and the program's number of devices; `check(winners, device)` runs
     before the program is planned. The command fails, saying why, if the target, the program or
     the lab does."""
-    from autotuner.cli.winners import make_client
     from autotuner.lab import LabWorkerError
     from autotuner.measure.targets import TargetError
+    from autotuner.program.winners import make_client
 
     def client(n: int, dev: Any) -> Any:
         winners = make_client(**sources, n=n, tmpdir=tmp, prefer=dev.key)
@@ -114,9 +113,9 @@ def open_program(tgt: Any, target: str, fkw: dict[str, Any], shape: dict[str, in
         return winners
 
     if tgt.kind == "lab":
-        from autotuner.cli.model import HANDLER
         from autotuner.lab import Lab, LabSpec
-        from autotuner.measure.lab import LabRunner
+        from autotuner.measure.lab_target import LabRunner
+        from autotuner.program.factory import HANDLER
 
         spec = LabSpec.parse(tgt.text)
         lab = Lab(spec, HANDLER, log=say)
@@ -139,9 +138,9 @@ def open_program(tgt: Any, target: str, fkw: dict[str, Any], shape: dict[str, in
         finally:
             lab.close()
         return
-    from autotuner.cli.model import Bench, ModelError, load_factory, plan_notes, plan_rows
-    from autotuner.cli.plan import mesh_size
     from autotuner.measure.targets import TargetSession
+    from autotuner.program.factory import Bench, ModelError, load_factory, plan_notes, plan_rows
+    from autotuner.program.load import mesh_size
 
     try:
         session = TargetSession(tgt, log=say)

@@ -1,8 +1,9 @@
 """Loading a user's program for the commands that run a whole one (`plan`, `bench-model`):
 MODULE:FACTORY, the factory returning (fn, args) or (fn, args, kwargs), called with --kwargs and,
-when --mesh is given and it takes a `mesh` parameter, the mesh.
+when --mesh is given and it takes a `mesh` parameter, the mesh; the --mesh, --kwargs, --target and
+--memory options parsed, and the size of the mesh a loaded program runs on (`mesh_size`).
 
-Not a command group (it registers nothing); the same rules as `autotuner extract`'s factory form.
+The same rules as `autotuner extract`'s factory form; the command fails (`console.fail`) on a bad option.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from autotuner.cli.common import fail, say
+from autotuner.program.console import fail, say
 
 FACTORY_HELP = ("The argument is MODULE:FACTORY (MODULE a dotted module name or a path to a .py file); "
                 "FACTORY returns (fn, args) or (fn, args, kwargs) and is called with --kwargs, plus "
@@ -61,9 +62,9 @@ def setup_devices(n: int) -> None:
 
 def load_program(target: str, *, mesh: str | None, kwargs: str | None, explicit: bool,
                  devices: int | None = None) -> Any:
-    """The factory's program (`cli.model.Program`), on `devices` in-process CPU devices
+    """The factory's program (`program.factory.Program`), on `devices` in-process CPU devices
     (default: the mesh's size, else 8) unless JAX already runs."""
-    from autotuner.cli.model import ModelError, load_factory
+    from autotuner.program.factory import ModelError, load_factory
 
     shape = parse_mesh(mesh)
     fkw = parse_kwargs(kwargs)
@@ -118,3 +119,34 @@ def relaid(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], mesh: Any, sp
     if moved.size != len(devices):
         say(f"note: the program's mesh has {moved.size} of the target's {len(devices)} devices")
     return fn, args, kwargs, moved if mesh is not None else None, device_of(spec, devices)
+
+
+MEMORY_HELP = ("how much the step's temp memory may grow over plain jit's: a fraction (default 0.05, "
+               "+5%) or 'none'; past it the pass sheds kept gathers, then rings")
+
+
+def memory_arg(text: str) -> float | None:
+    """--memory: a growth fraction >= 0, or none."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        fail(f"--memory {text!r}: expected a growth fraction >= 0 (0.05 for +5%) or 'none'")
+    return value
+
+
+def mesh_size(prog: Any) -> int:
+    """Devices of the mesh the program's arguments are laid out on (or --mesh), else all."""
+    import jax
+    from jax.sharding import NamedSharding
+
+    if prog.mesh is not None:
+        return int(prog.mesh.size)
+    for leaf in jax.tree.leaves((prog.args, prog.kwargs)):
+        sh = getattr(leaf, "sharding", None)
+        if isinstance(sh, NamedSharding):
+            return int(sh.mesh.size)
+    return jax.device_count()

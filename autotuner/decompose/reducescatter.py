@@ -29,8 +29,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from autotuner.problem import Problem
-from autotuner.strategies._common import (
+from autotuner.decompose._common import (
     Blocks,
     Layout,
     after,
@@ -39,6 +38,7 @@ from autotuner.strategies._common import (
     run_loop,
     slice_dim,
 )
+from autotuner.problem import Problem
 from autotuner.strategy import Strategy
 
 

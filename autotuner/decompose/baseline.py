@@ -12,8 +12,8 @@ import jax
 from jax import lax
 from jax.sharding import Mesh
 
+from autotuner.decompose._common import Layout, check_mesh, pspec
 from autotuner.problem import Entry, Problem
-from autotuner.strategies._common import Layout, check_mesh, pspec
 
 
 def local_baseline(problem: Problem) -> Callable[[jax.Array, jax.Array], jax.Array]:

@@ -19,7 +19,7 @@ from typing import Any
 from autotuner.errors import AutotunerError
 from autotuner.overlap.memory import DEFAULT_BOUND
 
-HANDLER = "autotuner.cli.model:handle"
+HANDLER = "autotuner.program.factory:handle"
 
 
 class ModelError(AutotunerError, ValueError):
@@ -141,8 +141,8 @@ TOLERANCE_HELP = ("the largest relative error of the overlapped step's outputs a
 def check_numerics(rows: list[dict[str, Any]], error: float, tolerance: float | None, what: str = "the overlapped step") -> float:
     """The tolerance in force (`tolerance`, else the step tolerance of the plan's dtypes); fails
     the command, saying how to read it, when `error` is above it."""
-    from autotuner.cli.common import fail
     from autotuner.problem import problem_from_dict
+    from autotuner.program.console import fail
     from autotuner.testing import step_tolerance
 
     tol = tolerance if tolerance is not None else step_tolerance(
@@ -271,7 +271,7 @@ def handle(request: dict[str, Any], ctx: Any) -> dict[str, Any]:
     if op == "step_load":
         return _step_load(request, ctx)
     if op == "step_time":
-        from autotuner.measure.lab import CtxSync
+        from autotuner.measure.lab_target import CtxSync
         from autotuner.measure.steps import time_steps
 
         bench: Bench = ctx.state["bench"]
@@ -290,7 +290,7 @@ def handle(request: dict[str, Any], ctx: Any) -> dict[str, Any]:
         errs = ctx.gather_json(err)
         return {"applied": [sorted(a) for a in applied], "notes": bench.variant_notes,
                 "rel_error": max(errs) if errs else err}
-    from autotuner.measure.lab import handle as tuner_handle
+    from autotuner.measure.lab_target import handle as tuner_handle
 
     return tuner_handle(request, ctx)
 
