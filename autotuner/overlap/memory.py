@@ -1,12 +1,18 @@
-"""Memory: what a decomposition holds, and the bound the pass keeps the compiled step within.
+"""Memory: what a decomposition may add, and the bound the pass keeps the compiled step within.
 
 A ring that keeps its gathered value for the gather's other users (a forward input its weight
 gradient reuses) holds that value from the ring to its last user, often from the forward to the
-backward pass; the rings' own buffers add a little more. The pass compares the temp (scratch) bytes
-per device of the compiled programs, plain (from the analysis compile) and overlapped, and by
-default sheds decompositions until the growth is at most `DEFAULT_BOUND`: kept gathers first
-(largest first; a forced ring then runs without keeping, an `auto` one stays baseline), then rings
-(least predicted saving first, in doubling batches), recompiling after each step.
+backward pass; a ring's chunks, partial results and carries, and the schedule around it, add more
+(on penzai's GPT-NeoX step, one attention ring alone grows the step's temp bytes by 3.5 MiB, its
+largest array's size). Both are known from the problem before anything compiles, so the bound is
+kept by prediction (`fit`): each decomposition is charged its largest per-device array
+(`ring_bytes`; the most any single ring of that step was measured to add) plus the value it keeps,
+and decompositions are shed until the charges fit within `DEFAULT_BOUND` of plain jit's temp bytes
+(from the analysis compile): kept gathers first (largest first; a forced ring then runs without
+keeping, an `auto` one stays baseline), then rings (least predicted saving per byte first). The
+charges add up over every ring, which only the worst schedule reaches, so a step within them is
+within the bound; the compiled step is checked once, and where it is past the bound anyway the
+whole step runs as plain jit. No compile is spent on fitting.
 """
 
 from __future__ import annotations
@@ -63,46 +69,115 @@ def mib(n: int | None) -> str:
     return "?" if n is None else f"{n / 2**20:.2f} MiB"
 
 
-def shed(actions: dict[str, Any], rows: list[Any], tags: list[str | None], excess: int, bound: float,
-         rings_shed: int) -> dict[str, str]:
-    """One step of fitting the bound: take decompositions out of `actions` (a dict tag -> Action,
-    changed in place) and return {tag: why} for the rows they concern. Kept gathers go first,
-    largest first, until their bytes cover `excess` (a forced ring then runs without keeping, an
-    `auto` one, whose keep is what pays, is left out); with none left, rings, least predicted
-    saving first, twice as many as the last ring step (`rings_shed`: how many it took)."""
-    from dataclasses import replace
+def _device_bytes(shape: tuple[int, ...], spec: tuple[tuple[str, ...], ...], mesh: dict[str, int],
+                  itemsize: int) -> int:
+    n = math.prod(shape)
+    for entry in spec:
+        for axis in entry:
+            n //= mesh[axis]
+    return n * itemsize
 
+
+def ring_bytes(problem: Problem | GroupedProblem, net: bool = True) -> int:
+    """What one decomposition's ring may add to the step's temp bytes per device, summed over a
+    group's einsums: its largest array (either operand as it arrives, or the result), less, with
+    `net`, what plain jit's collective materializes there and a ring never does (`_plain_holds`)."""
+    members = problem.members if isinstance(problem, GroupedProblem) else (problem,)
+    total = 0
+    for p in members:
+        mesh, size = dict(p.mesh), np.dtype(p.dtype).itemsize
+        arrays = ((p.lhs.shape, p.lhs.spec), (p.rhs.shape, p.rhs.spec), (p.out_shape, p.out_spec))
+        largest = max(_device_bytes(shape, spec, mesh, size) for shape, spec in arrays)
+        total += max(0, largest - _plain_holds(p)) if net else largest
+    return total
+
+
+def _plain_holds(p: Problem) -> int:
+    """Bytes per device plain jit's collective materializes for the einsum, which a ring never
+    does: an all-gather's gathered operand, a reduce-scatter's unscattered partial result."""
+    return p.comm_bytes() // (p.axis_size - 1) * p.axis_size if p.axis_size > 1 else 0
+
+
+def charge(act: Any, net: bool = True) -> int:
+    """A decomposition's charge: its ring, and the gathered value it keeps."""
+    return ring_bytes(act.problem, net) + (gathered_bytes(act.problem) if act.keep else 0)
+
+
+def _units(actions: dict[str, Any]) -> dict[tuple[str, ...], Any]:
     units: dict[tuple[str, ...], Any] = {}
     for tag, act in actions.items():
         units.setdefault(act.tags or (tag,), act)
-    limit = f"+{100 * bound:g}%"
-    why: dict[str, str] = {}
-    keeps = sorted(((u, a) for u, a in units.items() if a.keep), key=lambda ua: -gathered_bytes(ua[1].problem))
-    if keeps:
-        covered = 0
-        for unit, act in keeps:
-            held = gathered_bytes(act.problem)
-            if act.strict:
-                text = (f"the memory bound: keeping its gathered value ({mib(held)} per device) would grow "
-                        f"temp memory past {limit} of plain jit's, and its all-gather would stay: baseline")
-                for t in unit:
-                    actions.pop(t, None)
-            else:
-                text = (f"the memory bound: its gathered value ({mib(held)} per device) is not kept "
-                        f"(temp memory past {limit} of plain jit's); its other users gather it again")
-                for t in unit:
-                    if t in actions:
-                        actions[t] = replace(actions[t], keep=False)
-            why.update(dict.fromkeys(unit, text))
-            covered += held
-            if covered >= excess:
-                break
-        return why
-    speed = {r_tag: (r.speedup or 0.0) for r_tag, r in zip(tags, rows, strict=True) if r_tag}
-    order = sorted(units, key=lambda u: min(speed.get(t, 0.0) for t in u))
-    text = f"the memory bound: temp memory past {limit} of plain jit's with this ring: baseline"
-    for unit in order[:max(1, 2 * rings_shed)]:
+    return units
+
+
+def _steps(units: dict[tuple[str, ...], Any], speedups: dict[str, float | None]) -> list[tuple[tuple[str, ...], bool]]:
+    """The order decompositions are shed in, (unit, its keep only?): kept gathers first, largest
+    first, then rings, least predicted saving per byte first."""
+    def value(u: tuple[str, ...]) -> tuple[float, int]:
+        gain = max(0.0, min((speedups.get(t) or 1.0) for t in u) - 1.0)
+        gross = ring_bytes(units[u].problem, net=False)
+        return gain / max(1, gross), -gross
+
+    keeps = sorted((u for u, a in units.items() if a.keep), key=lambda u: -gathered_bytes(units[u].problem))
+    return [(u, True) for u in keeps] + [(u, False) for u in sorted(units, key=value)]
+
+
+def _shed(actions: dict[str, Any], units: dict[tuple[str, ...], Any], unit: tuple[str, ...], keep_only: bool,
+          limit: str) -> str:
+    """Take one step of `_steps` out of `actions` (and `units`); why, for its rows."""
+    from dataclasses import replace
+
+    act = units[unit]
+    if keep_only and not act.strict:
+        units[unit] = replace(act, keep=False)
         for t in unit:
-            actions.pop(t, None)
-        why.update(dict.fromkeys(unit, text))
+            if t in actions:
+                actions[t] = replace(actions[t], keep=False)
+        return (f"the memory bound: its gathered value ({mib(gathered_bytes(act.problem))} per device) is not "
+                f"kept (temp memory past {limit} of plain jit's); its other users gather it again")
+    del units[unit]
+    for t in unit:
+        actions.pop(t, None)
+    if keep_only:
+        return (f"the memory bound: keeping its gathered value ({mib(gathered_bytes(act.problem))} per device) "
+                f"could grow temp memory past {limit} of plain jit's, and its all-gather would stay: baseline")
+    return (f"the memory bound: this ring may add up to {mib(ring_bytes(act.problem, net=False))} per device, "
+            f"and with it temp memory could grow past {limit} of plain jit's: baseline")
+
+
+def fit(actions: dict[str, Any], speedups: dict[str, float | None], budget: int, bound: float) -> dict[str, str]:
+    """Before the compile: shed decompositions from `actions` (tag -> Action, changed in place) in
+    `_steps`' order until their net charges add up to at most `budget` bytes (`bound` times plain
+    jit's temp bytes); {tag: why} for each tag shed or changed."""
+    units, why = _units(actions), {}
+    for unit, keep_only in _steps(units, speedups):
+        if sum(charge(a) for a in units.values()) <= budget:
+            break
+        if unit in units and (units[unit].keep or not keep_only):
+            why.update(dict.fromkeys(unit, _shed(actions, units, unit, keep_only, f"+{100 * bound:g}%")))
+    return why
+
+
+MARGIN = 1.5   # `cover` sheds for this many times the excess: one recompile is all it gets
+
+
+def cover(actions: dict[str, Any], speedups: dict[str, float | None], excess: int, grown: int,
+          bound: float) -> dict[str, str]:
+    """After a compile past the bound (the prediction missed): the step grew by `grown` bytes,
+    `excess` of them past the bound. Each decomposition left is taken to account for that growth
+    in proportion to its gross charge (its ring's largest array, plus what it keeps); they are
+    shed in `_steps`' order until what they account for covers `MARGIN` times the excess.
+    {tag: why}."""
+    units, why = _units(actions), {}
+    gross = {u: charge(a, net=False) for u, a in units.items()}
+    scale = grown / max(1, sum(gross.values()))
+    freed = 0.0
+    for unit, keep_only in _steps(units, speedups):
+        if freed >= MARGIN * excess or not units:
+            break
+        if unit in units and (units[unit].keep or not keep_only):
+            act = units[unit]
+            part = gathered_bytes(act.problem) if keep_only and not act.strict else gross[unit]
+            freed += scale * part
+            why.update(dict.fromkeys(unit, _shed(actions, units, unit, keep_only, f"+{100 * bound:g}%")))
     return why

@@ -1,7 +1,7 @@
 """One input signature's preparation, as the pass's stages in order (`Build.run`):
 
     analyse (per round: compile -> find -> tune what is missing -> choose) -> rewrite
-      -> bound memory -> report
+      -> fit memory (before each compile) -> check memory -> report
 
 Round 1 analyses the program with every dot tagged: only its partitioned HLO is wanted, so the
 backend compiles it at its cheapest (or the texts come from the persistent cache). Each later
@@ -61,6 +61,7 @@ class Build:
     program: str = ""
     evidence: dict[str, Any] = field(default_factory=dict)
     windowed: frozenset[str] = frozenset()   # tags of the dots plain jit's compiler windows itself
+    shed: dict[str, str] = field(default_factory=dict)   # tag -> why the memory bound shed or changed it
     xla_temp: int | None = None   # plain jit's temp bytes where the analysis is not plain jit
     interp: Any = None
     jitted: Any = None
@@ -83,12 +84,14 @@ class Build:
     def run(self) -> Prepared:
         try:
             self.analyse()
+            self.fit_memory()
             plain_temp = self.plain_memory()
             if not self.actions:   # nothing to rewrite: exactly plain jit (compiled on the first call)
-                return Prepared(self.plain, self._plan(self.rows(), Memory(plain_temp, plain_temp, self.ov.memory)))
+                owners = {r.name for t, r in self.found if t in self.shed}
+                rows = [self.final_row(t, r, self.shed, owners) for t, r in self.found] if self.shed else self.rows()
+                return Prepared(self.plain, self._plan(rows, Memory(plain_temp, plain_temp, self.ov.memory)))
             self.rewrite()
-            temp, shed = self.bound_memory(plain_temp)
-            return self.report(Memory(plain_temp, temp, self.ov.memory), shed)
+            return self.report(self.check_memory(plain_temp))
         except Fallback as f:
             return f.prepared
 
@@ -98,14 +101,18 @@ class Build:
     def _plan(self, rows: list[PlanRow], memory: Memory | None = None) -> Plan:
         return Plan(numbered(rows), self.notes, memory or Memory(), self.program, self.cost)
 
-    def fall_back(self, why: str) -> Fallback:
-        """Plain jit after all: every applied row is left alone, and says why."""
-        rows = [r.unapplied(why) if r.applied else r for r in self.rows()]
-        return Fallback(Prepared(self.plain, Plan(numbered(rows), self.notes, cost=self.cost)))
+    def fall_back(self, why: str, memory: Memory | None = None) -> Fallback:
+        """Plain jit after all: every applied row is left alone, and says why (and a served one's
+        all-gather stays)."""
+        rows = [r.unapplied(why) if r.applied else replace(r, served_by="", note=why) if r.served_by else r
+                for r in self.rows()]
+        return Fallback(Prepared(self.plain, Plan(numbered(rows), self.notes, memory or Memory(), cost=self.cost)))
 
     # -- analyse ----------------------------------------------------------------------------------
     def analyse(self) -> None:
         for n in range(self.rounds):
+            if n:
+                self.fit_memory()   # before the compile: the memory bound costs none
             found = self.compile_round(n)
             if found is None or not self.choose(n, found):
                 break
@@ -192,7 +199,7 @@ class Build:
             plain_temp = self.analysed.temp_bytes if self.analysed is not None else None
         return self.xla_temp if self.xla_temp is not None else plain_temp
 
-    # -- rewrite, bound memory ---------------------------------------------------------------------
+    # -- rewrite, memory ---------------------------------------------------------------------------
     def rewrite(self) -> None:
         """The program with every action traced, where the last round found more than it compiled."""
         from autotuner.overlap.apply import Interpreter
@@ -209,45 +216,73 @@ class Build:
                         type(e).__name__, e)
             raise self.fall_back(f"the rewritten program did not trace ({type(e).__name__}); plain jit") from None
 
-    def bound_memory(self, plain_temp: int | None) -> tuple[int | None, dict[str, str]]:
-        """Past the bound, decompositions shed (kept gathers, then rings) and the program compiled
-        again: (the rewritten program's temp bytes, {tag: why shed})."""
+    def fit_memory(self) -> None:
+        """The memory bound, kept by prediction: decompositions shed until what they may add fits
+        (`overlap.memory.fit`), before the program is compiled."""
+        from autotuner.overlap.memory import fit
+
+        bound = self.ov.memory
+        if bound is None or not self.actions:
+            return
+        plain_temp = self.plain_memory()
+        if plain_temp is None:
+            return
+        speedups = {t: r.speedup for t, r in self.found if t}
+        self.shed.update(fit(self.actions, speedups, int(plain_temp * bound), bound))
+
+    def check_memory(self, plain_temp: int | None) -> Memory:
+        """The compiled step's temp bytes against the bound. Past it (the prediction missed), one
+        more step is shed to cover the excess (`overlap.memory.cover`) and the step compiled once
+        more; past it still, the whole step runs as plain jit."""
+        from autotuner.hlo.compile import temp_bytes
+        from autotuner.overlap.memory import cover, growth, over
+
+        bound, temp = self.ov.memory, temp_bytes(self.compiled) if self.compiled is not None else None
+        if over(plain_temp, temp, bound):
+            assert plain_temp is not None and temp is not None and bound is not None
+            speedups = {t: r.speedup for t, r in self.found if t}
+            self.shed.update(cover(self.actions, speedups, temp - int(plain_temp * (1 + bound)),
+                                   temp - plain_temp, bound))
+            temp = self.recompile() if self.actions else self.nothing_left(plain_temp)
+        if over(plain_temp, temp, bound):
+            g = growth(plain_temp, temp) or 0.0
+            log.warning("overlap: the rewritten step's temp memory grew by %+.1f%%, past the bound; "
+                        "using plain jit", 100 * g)
+            raise self.fall_back(f"the memory bound: the rewritten step's temp memory grew by {100 * g:+.1f}% "
+                                 f"(past +{100 * (bound or 0):g}%), so the step runs as plain jit",
+                                 Memory(plain_temp, plain_temp, bound))
+        return Memory(plain_temp, temp, bound)
+
+    def nothing_left(self, plain_temp: int) -> int:
+        """Every decomposition shed: plain jit runs (compiled on the first call)."""
+        from autotuner.overlap.apply import Interpreter
+
+        self.interp = Interpreter(self.mesh, {}, traced=self.traced)
+        self.jitted, self.compiled = self.plain, None
+        return plain_temp
+
+    def recompile(self) -> int | None:
+        """The rewritten program, with the actions left, compiled (what runs); its temp bytes."""
         from autotuner.hlo.compile import lower, temp_bytes
         from autotuner.overlap.apply import Interpreter
-        from autotuner.overlap.memory import over
-        from autotuner.overlap.memory import shed as memory_shed
 
-        shed: dict[str, str] = {}
-        temp = temp_bytes(self.compiled) if self.compiled is not None else None
-        rings_shed, bound = 0, self.ov.memory
-        tags, rows = [t for t, _r in self.found], self.rows()
-        while over(plain_temp, temp, bound):
-            assert bound is not None and plain_temp is not None and temp is not None
-            sheds_rings = not any(a.keep for a in self.actions.values())
-            step = memory_shed(self.actions, rows, tags, temp - int(plain_temp * (1 + bound)), bound, rings_shed)
-            if not step:
-                break
-            if sheds_rings:   # the ring batches double; kept gathers do not count
-                rings_shed = len(step)
-            shed.update(step)
-            self.interp = Interpreter(self.mesh, dict(self.actions), traced=self.traced)
-            self.jitted = self.ov._jit(self.interp)
-            try:
-                with self.cost.timing("rewrite"):
-                    lowered = lower(self.jitted, *self.args, **self.kwargs)
-                with self.cost.timing("compile"):
-                    self.compiled = lowered.compile()
-            except Exception as e:  # noqa: BLE001 - never worse than plain jit
-                raise self.fall_back(f"the rewritten program could not be compiled ({type(e).__name__}); "
-                                     "plain jit") from None
-            temp = temp_bytes(self.compiled)
-        return temp, shed
+        self.interp = Interpreter(self.mesh, dict(self.actions), traced=self.traced)
+        self.jitted = self.ov._jit(self.interp)
+        try:
+            with self.cost.timing("rewrite"):
+                lowered = lower(self.jitted, *self.args, **self.kwargs)
+            with self.cost.timing("compile"):
+                self.compiled = lowered.compile()
+        except Exception as e:  # noqa: BLE001 - never worse than plain jit
+            raise self.fall_back(f"the rewritten program could not be compiled ({type(e).__name__}); "
+                                 "plain jit") from None
+        return temp_bytes(self.compiled)
 
     # -- report -----------------------------------------------------------------------------------
-    def report(self, memory: Memory, shed: dict[str, str]) -> Prepared:
+    def report(self, memory: Memory) -> Prepared:
         """The rows as the program that runs has them (built here, once), and what runs."""
-        owners = {r.name for t, r in self.found if t in shed}
-        rows = [self.final_row(tag, r, shed, owners) for tag, r in self.found]
+        owners = {r.name for t, r in self.found if t in self.shed}
+        rows = [self.final_row(tag, r, self.shed, owners) for tag, r in self.found]
         jk = self.ov.jit_kwargs
         static = jk.get("static_argnums") is not None or jk.get("static_argnames")
         run = self.compiled if self.compiled is not None and not static else self.jitted

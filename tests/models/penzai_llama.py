@@ -26,6 +26,7 @@ import optax
 from jax.sharding import Mesh
 from penzai import pz
 from penzai.models.transformer import model_parts
+from penzai.models.transformer.variants import gpt_neox
 from penzai.models.transformer.variants import llamalike_common as ll
 from penzai.toolshed import sharding_util
 
@@ -44,10 +45,28 @@ def _config(sz: meshes.Size, dtype: str = "float32") -> ll.LlamalikeTransformerC
         parameter_dtype=jnp.dtype(dtype), activation_dtype=jnp.dtype(dtype))
 
 
-def build(mesh: Mesh, sp: bool, sz: meshes.Size = meshes.TINY, dtype: str = "float32") -> tuple[Any, Any]:
+def _neox(sz: meshes.Size, dtype: str = "float32") -> gpt_neox.GPTNeoXTransformerConfig:
+    return gpt_neox.GPTNeoXTransformerConfig(
+        num_attention_heads=sz.heads, embedding_dim=sz.hidden, projection_dim=sz.head_dim,
+        mlp_hidden_dim=sz.mlp, num_decoder_blocks=sz.layers, vocab_size=sz.vocab,
+        activation_fn="gelu_exact", rope_subset_size=sz.head_dim // 4, rope_wavelength=10_000.0,
+        layernorm_epsilon=1e-5, parameter_dtype=jnp.dtype(dtype), activation_dtype=jnp.dtype(dtype))
+
+
+VARIANTS = ("llama", "gpt_neox")
+
+
+def build(mesh: Mesh, sp: bool, sz: meshes.Size = meshes.TINY, dtype: str = "float32",
+          variant: str = "llama") -> tuple[Any, Any]:
     """(the model with its parameters unbound, the parameters placed on `mesh`); `dtype`: penzai's
-    parameter and activation dtype (its config's own fields)."""
-    model = ll.build_llamalike_transformer(_config(sz, dtype), init_base_rng=jax.random.key(0))
+    parameter and activation dtype (its config's own fields); `variant`: penzai's Llama-like
+    transformer or its GPT-NeoX (parallel attention and MLP, LayerNorm, partial RoPE, GELU)."""
+    if variant not in VARIANTS:
+        raise ValueError(f"unknown variant {variant!r}; known: {VARIANTS}")
+    if variant == "gpt_neox":
+        model = gpt_neox.build_gpt_neox_transformer(_neox(sz, dtype), init_base_rng=jax.random.key(0))
+    else:
+        model = ll.build_llamalike_transformer(_config(sz, dtype), init_base_rng=jax.random.key(0))
     if sp:
         constrain = sharding_util.ConstrainShardingByName(mesh, ACTIVATION_AXES)
         model = (pz.select(model)
@@ -72,14 +91,14 @@ def forward(mesh: Mesh | None = None, sp: bool = False) -> tuple[Callable[..., A
     return jax.jit(_logits(unbound)), (params, meshes.tokens(mesh))
 
 
-def train_step(mesh: Mesh | None = None, sp: bool = False, dtype: str = "float32",
+def train_step(mesh: Mesh | None = None, sp: bool = False, dtype: str = "float32", variant: str = "llama",
                **size: int) -> tuple[Callable[..., Any], tuple[Any, ...]]:
     """(jitted step(params, opt_state, tokens) -> (params, opt_state, loss), its arguments);
     `size`: `meshes.Size`'s fields (layers, hidden, heads, mlp, vocab, batch, seq); `dtype` the
-    model's parameters and activations (e.g. bfloat16, as TPU training runs)."""
+    model's parameters and activations (e.g. bfloat16, as TPU training runs); `variant` as `build`."""
     mesh = data_model_mesh(mesh)
     sz = meshes.size(**size)
-    unbound, params = build(mesh, sp, sz, dtype)
+    unbound, params = build(mesh, sp, sz, dtype, variant)
     logits = _logits(unbound)
     opt = optax.adamw(1e-3)
 
@@ -100,6 +119,12 @@ def forward_sp(mesh: Mesh | None = None) -> tuple[Callable[..., Any], tuple[Any,
     return forward(mesh, sp=True)
 
 
-def train_step_sp(mesh: Mesh | None = None, **size: int) -> tuple[Callable[..., Any], tuple[Any, ...]]:
-    """`train_step` with sequence parallelism (`size` as there)."""
-    return train_step(mesh, sp=True, **size)
+def train_step_sp(mesh: Mesh | None = None, variant: str = "llama",
+                  **size: int) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """`train_step` with sequence parallelism (`variant`, `size` as there)."""
+    return train_step(mesh, sp=True, variant=variant, **size)
+
+
+def neox_train_step_sp(mesh: Mesh | None = None, **size: int) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """GPT-NeoX's `train_step_sp`, for `autotuner extract`/`tune-model`/`bench-model`."""
+    return train_step_sp(mesh, variant="gpt_neox", **size)

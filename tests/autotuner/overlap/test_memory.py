@@ -13,6 +13,7 @@ import pytest
 from autotuner import space
 from autotuner.examples import transformer as T
 from autotuner.overlap import OverlapError, overlap
+from autotuner.overlap import memory as M
 from autotuner.overlap.memory import DEFAULT_BOUND, gathered_bytes
 from autotuner.testing import STEP_FACTOR, TOLERANCE, relative_error
 
@@ -75,6 +76,77 @@ def test_a_zero_bound_leaves_no_growth(step: Any) -> None:
     shed = [r for r in plan if "the memory bound" in r.note and not r.applied]
     assert shed, "\n" + str(plan)
     np.testing.assert_allclose(np.asarray(ov(*args)[0]), np.asarray(fn(*args)[0]), rtol=1e-4)
+
+
+def _backend_compiles(run: Any) -> int:
+    """XLA compiles (JAX's backend-compile events) while `run()` runs, JAX's caches cleared first."""
+    seen: list[str] = []
+
+    def listen(event: str, duration: float, **_kw: Any) -> None:
+        if event == "/jax/core/compile/backend_compile_duration":
+            seen.append(event)
+
+    jax.clear_caches()
+    jax.monitoring.register_event_duration_secs_listener(listen)
+    try:
+        run()
+    finally:
+        jax.monitoring.unregister_event_duration_listener(listen)
+    return len(seen)
+
+
+def test_the_bound_costs_at_most_one_more_compile(step: Any) -> None:
+    """The bound is kept by prediction, before the compile; where the compiled step is past it
+    anyway (here: its rings' own buffers, charged nothing), one more step is shed and the step
+    compiled once more: never a compile per shedding step."""
+    fn, args, plain = step
+    plans: list[Any] = []
+    unbounded = _backend_compiles(lambda: plans.append(overlap(fn, strategy=first_ring, memory=None).plan(*args)))
+    bounded = _backend_compiles(lambda: plans.append(overlap(fn, strategy=first_ring).plan(*args)))
+    assert bounded <= unbounded + 1, (bounded, unbounded)
+    assert any("the memory bound" in r.note for r in plans[1]), "\n" + str(plans[1])
+    assert plans[1].memory.overlapped_bytes <= plain * (1 + DEFAULT_BOUND)
+
+
+def test_the_prediction_sheds_before_the_compile() -> None:
+    """Charges past the budget are shed before anything compiles: kept gathers first, largest
+    first (a forced ring then runs without keeping), then rings, least saving per byte first."""
+    from autotuner.overlap.apply import Action
+
+    def problem(n: int) -> Any:   # x [n, 64] rows over model (2 ways) @ w [64, 64]: an all-gather of x
+        from autotuner.problem import Problem
+
+        return Problem.from_dict({"equation": "md,df->mf", "lhs": {"shape": [n, 64], "spec": ["model", None]},
+                                  "rhs": {"shape": [64, 64], "spec": [None, None]}, "out_spec": [None, None],
+                                  "dtype": "float32", "mesh": {"model": 2}})
+
+    ring = first_ring(problem(256))
+    acts = {"a": Action(problem(256), ring, keep=True), "b": Action(problem(1024), ring, keep=True),
+            "c": Action(problem(512), ring)}
+    assert [M.gathered_bytes(a.problem) for a in acts.values()] == [2**16, 2**18, 2**17]
+    assert M.ring_bytes(acts["a"].problem) == 0             # its result is no larger than the gathered x
+    assert M.ring_bytes(acts["a"].problem, net=False) == 2**16
+    why = M.fit(acts, {"a": 1.2, "b": 1.5, "c": 1.1}, 2**17, 0.05)
+    # 2**16 + 2**18 charged: b's keep (the largest) goes; a's fits
+    assert set(why) == {"b"} and acts["b"].keep is False and acts["a"].keep, why
+    assert "is not kept" in why["b"]
+    why = M.fit(acts, {}, 0, 0.05)
+    assert not acts["a"].keep and set(acts) == {"a", "b", "c"}   # rings charged nothing stay
+
+
+def test_a_missed_prediction_runs_the_whole_step_as_plain_jit(step: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the step is past the bound after the one more compile too (here: nothing was charged
+    and nothing more shed), nothing is compiled again: the step runs as plain jit, every row says
+    why."""
+    fn, args, plain = step
+    monkeypatch.setattr(M, "charge", lambda act, net=True: 0)
+    monkeypatch.setattr(M, "cover", lambda *a, **k: {})
+    ov = overlap(fn, strategy=first_ring)
+    plan = ov.plan(*args)
+    assert not any(r.applied or r.served_by for r in plan), "\n" + str(plan)
+    assert any("the rewritten step's temp memory grew by" in r.note for r in plan), "\n" + str(plan)
+    assert plan.memory.overlapped_bytes == plan.memory.plain_bytes == plain
+    assert _temp(ov, args) == plain
 
 
 @pytest.mark.parametrize("bad", [-0.1, "5%", float("nan"), True])
