@@ -1,13 +1,15 @@
 """What the compiler pass costs to prepare, against plain jit, on a third-party model's training
 step at several depths, every pair forced to its first ring (as `overlap(step, strategy=callable)`)
-under the default memory bound (+5% temp memory), and the compiled step's temp memory, plain vs
-overlapped. Two models of the test extra (`--model`):
+under the default memory bound (+5% temp memory; `--memory none` for none), and the compiled
+step's temp memory, plain vs overlapped. Two models of the test extra and the built-in example (`--model`):
 - `keras-llama` (default): keras-hub's Llama (tests/models/keras_hub_llama.py), sequence parallel
   on the 2x2 (data, model) mesh of 4 in-process CPU devices, its tiny default size (its forced
   rings shrink temp memory: the bound never bites);
 - `penzai-neox`: penzai's GPT-NeoX (tests/models/penzai_llama.py, variant gpt_neox), sequence
   parallel on a 1x2 mesh of 2 devices, batch 4 x sequence 256, embedding 256: there the forced
-  rings grow temp memory by +20-24%, so the bound sheds most of them (`overlap.memory.fit`).
+  rings grow temp memory by +20-24%, so the bound sheds most of them (`overlap.memory.fit`);
+- `example`: the built-in example's training step (autotuner/examples/transformer.py) on a 4-way
+  model axis of 4 devices, whose kept gathers and rings grow temp memory by +16-23%.
 
     .venv/bin/python bench/pass_cost.py --layers 2,8,16 --reps 2
     .venv/bin/python bench/pass_cost.py --model penzai-neox --layers 2,8 --reps 3
@@ -79,7 +81,7 @@ def _compile_events(lowered: object) -> dict[str, float]:
     return dict(tot)
 
 
-MODELS = ("keras-llama", "penzai-neox")
+MODELS = ("keras-llama", "penzai-neox", "example")
 
 
 def _step(model: str, layers: int) -> tuple[object, tuple[object, ...]]:
@@ -87,6 +89,10 @@ def _step(model: str, layers: int) -> tuple[object, tuple[object, ...]]:
     import jax
     from jax.sharding import AxisType
 
+    if model == "example":
+        from autotuner.examples import transformer
+
+        return transformer.train_step(layers=layers)
     if model == "penzai-neox":
         from tests.models import penzai_llama
 
@@ -97,7 +103,8 @@ def _step(model: str, layers: int) -> tuple[object, tuple[object, ...]]:
     return keras_hub_llama.train_step_sp(layers=layers)
 
 
-def measure(layers: int, reps: int, passes: bool = False, model: str = MODELS[0]) -> dict[str, object]:
+def measure(layers: int, reps: int, passes: bool = False, model: str = MODELS[0],
+            memory: float | None = 0.05) -> dict[str, object]:
     import jax
 
     from autotuner import space
@@ -120,7 +127,7 @@ def measure(layers: int, reps: int, passes: bool = False, model: str = MODELS[0]
         fn, args = _step(model, layers)
         jax.clear_caches()
         t = time.perf_counter()
-        ov = overlap(fn, strategy=lambda p: space(p)[1])
+        ov = overlap(fn, strategy=lambda p: space(p)[1], memory=memory)
         plan = ov.plan(*args)   # compiles the program the calls run (they compile nothing more)
         ov_s.append(time.perf_counter() - t)
         phases.append(jit_phases | plan.cost.as_dict())
@@ -134,6 +141,10 @@ def measure(layers: int, reps: int, passes: bool = False, model: str = MODELS[0]
     return {"layers": layers, "jit_s": jit_s, "overlap_s": ov_s, "pairs": pairs, "applied": applied,
             "temp_mb_plain": plain_mb, "temp_mb_overlap": ov_mb, "phases": phases, "sizes": sizes,
             "events": events}
+
+
+def _bound(text: str) -> float | None:
+    return None if text.lower() == "none" else float(text)
 
 
 def _lines(text: str) -> int:
@@ -180,6 +191,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", choices=MODELS, default=MODELS[0], help="the third-party training step")
     ap.add_argument("--layers", default="2,8,16", help="comma-separated depths")
+    ap.add_argument("--memory", type=_bound, default=0.05, help="the memory bound (a fraction, or none)")
     ap.add_argument("--reps", type=int, default=2, help="interleaved repetitions per depth")
     ap.add_argument("--restart", action="store_true", help="time a second process on a warm persistent cache")
     ap.add_argument("--passes", action="store_true", help="also profile both compiles: XLA's passes that grow most")
@@ -190,21 +202,24 @@ def main() -> None:
                  "(JAX's cache answers): use one or the other")
     _setup()
     if a.one is not None:
-        print(json.dumps(measure(a.one, a.reps, model=a.model)))
+        print(json.dumps(measure(a.one, a.reps, model=a.model, memory=a.memory)))
         return
     depths = [int(x) for x in a.layers.split(",")]
+    bound = "none" if a.memory is None else f"+{100 * a.memory:g}%"
+    print(f"{a.model}, every pair forced to its first ring, memory bound {bound}")
     print(HEAD + ("  (restarted: warm persistent cache)" if a.restart else ""), flush=True)
     results = []
     for n in depths:
         if not a.restart:
-            results.append(measure(n, a.reps, a.passes, a.model))
+            results.append(measure(n, a.reps, a.passes, a.model, a.memory))
             print(_line(results[-1]), flush=True)
             continue
         with tempfile.TemporaryDirectory(prefix="pass-cost-cache-") as cache:
             env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": cache,
                    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
                    "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
-            cmd = [sys.executable, __file__, "--one", str(n), "--reps", "1", "--model", a.model]
+            cmd = [sys.executable, __file__, "--one", str(n), "--reps", "1", "--model", a.model,
+                   "--memory", str(a.memory).lower()]
             subprocess.run(cmd, env=env, check=True, capture_output=True)          # fills the cache
             out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
             results.append(json.loads(out.strip().splitlines()[-1]))

@@ -108,30 +108,26 @@ def test_the_bound_costs_at_most_one_more_compile(step: Any) -> None:
     assert plans[1].memory.overlapped_bytes <= plain * (1 + DEFAULT_BOUND)
 
 
-def test_the_prediction_sheds_before_the_compile() -> None:
-    """Charges past the budget are shed before anything compiles: kept gathers first, largest
-    first (a forced ring then runs without keeping), then rings, least saving per byte first."""
+def test_the_prediction_sheds_rings_before_the_compile() -> None:
+    """Rings whose charges pass the budget are shed before anything compiles, least saving per
+    byte first; a ring's charge is its largest array less the gathered operand plain jit holds
+    (nothing for a result no larger than that), and kept gathers are left to the compiled step."""
     from autotuner.overlap.apply import Action
+    from autotuner.problem import Problem
 
-    def problem(n: int) -> Any:   # x [n, 64] rows over model (2 ways) @ w [64, 64]: an all-gather of x
-        from autotuner.problem import Problem
-
-        return Problem.from_dict({"equation": "md,df->mf", "lhs": {"shape": [n, 64], "spec": ["model", None]},
-                                  "rhs": {"shape": [64, 64], "spec": [None, None]}, "out_spec": [None, None],
+    def problem(f: int) -> Any:   # x [256, 64] rows over model (2 ways) @ w [64, f]: an all-gather of x
+        return Problem.from_dict({"equation": "md,df->mf", "lhs": {"shape": [256, 64], "spec": ["model", None]},
+                                  "rhs": {"shape": [64, f], "spec": [None, None]}, "out_spec": [None, None],
                                   "dtype": "float32", "mesh": {"model": 2}})
 
-    ring = first_ring(problem(256))
-    acts = {"a": Action(problem(256), ring, keep=True), "b": Action(problem(1024), ring, keep=True),
-            "c": Action(problem(512), ring)}
-    assert [M.gathered_bytes(a.problem) for a in acts.values()] == [2**16, 2**18, 2**17]
-    assert M.ring_bytes(acts["a"].problem) == 0             # its result is no larger than the gathered x
-    assert M.ring_bytes(acts["a"].problem, net=False) == 2**16
-    why = M.fit(acts, {"a": 1.2, "b": 1.5, "c": 1.1}, 2**17, 0.05)
-    # 2**16 + 2**18 charged: b's keep (the largest) goes; a's fits
-    assert set(why) == {"b"} and acts["b"].keep is False and acts["a"].keep, why
-    assert "is not kept" in why["b"]
-    why = M.fit(acts, {}, 0, 0.05)
-    assert not acts["a"].keep and set(acts) == {"a", "b", "c"}   # rings charged nothing stay
+    kib = 2**10
+    acts = {t: Action(problem(f), first_ring(problem(f)), keep=t == "a") for t, f in (("a", 64), ("b", 1024), ("c", 512))}
+    assert [M.ring_bytes(a.problem) for a in acts.values()] == [0, 960 * kib, 448 * kib]
+    assert M.ring_bytes(acts["b"].problem, net=False) == 1024 * kib and M.gathered_bytes(acts["a"].problem) == 64 * kib
+    why = M.fit(acts, {"a": 1.2, "b": 1.5, "c": 1.1}, 1000 * kib, 0.05)
+    assert set(why) == {"c"} and set(acts) == {"a", "b"} and acts["a"].keep, why
+    assert "this ring may add up to 0.50 MiB" in why["c"]
+    assert set(M.fit(acts, {}, 0, 0.05)) == {"b"} and acts["a"].keep   # a's charge is nothing
 
 
 def test_a_missed_prediction_runs_the_whole_step_as_plain_jit(step: Any, monkeypatch: pytest.MonkeyPatch) -> None:
