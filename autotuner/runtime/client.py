@@ -37,6 +37,12 @@ belongs, a field of the wrong type, a key that is not :data:`KEY_RE`) counts as 
 service. Answers are filed under the client's own keys. A disk cache file with a line that does
 not parse is set aside (``NAME.corrupt-TIME-PID``) and rewritten from its good lines. No lock
 is held while a request is in flight.
+
+Each request has one deadline, ``timeout`` seconds in all (connect, headers and the whole body:
+a service or proxy that trickles its answer cannot stall a compile), and an answer larger than
+:data:`MAX_ANSWER_BYTES` is not read on; both count as an unreachable service. A 408, 429 or 503
+is "not now": the baseline for this call, and the service asked again after its Retry-After
+(else ``retry_after``); other 4xx are final for the problems refused.
 """
 
 from __future__ import annotations
@@ -47,7 +53,7 @@ import os
 import threading
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -74,8 +80,14 @@ BATCH = 500  # problems per POST /v1/lookup/batch (the service accepts up to AUT
 # budget itself (the old default, 2 s) cut off exactly the requests the service was busy
 # answering. 10 s is five budgets. Connecting involves none of that work: it is capped at
 # CONNECT_TIMEOUT, so an unreachable host costs 3 s per outage (then `retry_after` of quiet).
+# `timeout` is also each request's total deadline, connect, headers and body together: httpx's
+# timeouts are per read, so a service (or proxy) that trickles its answer a byte at a time would
+# otherwise stall the compile waiting for it without end.
 DEFAULT_TIMEOUT = 10.0
 CONNECT_TIMEOUT = 3.0
+MAX_ANSWER_BYTES = 32 * 2**20   # a lookup's or evidence's answer: BATCH answers are well under 1 MiB
+MAX_RETRY_AFTER = 3600.0        # the longest Retry-After (408/429/503) honoured, in seconds
+TRANSIENT = (408, 429, 503)     # a proxy's or a busy service's "not now": asked again after Retry-After
 
 
 class ClientError(AutotunerError, RuntimeError):
@@ -88,6 +100,63 @@ class _Refused(ClientError):
     def __init__(self, status: int, message: str) -> None:
         super().__init__(message)
         self.status = status
+
+
+class _NotNow(ClientError):
+    """408, 429 or 503: the service (or a proxy before it) is busy; ask again after ``retry_after``
+    seconds (its Retry-After header, where it sent one)."""
+
+    def __init__(self, message: str, retry_after: float | None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+def _retry_after(value: str | None) -> float | None:
+    """A Retry-After header's seconds (delta-seconds or an HTTP date), capped; None if absent or
+    unreadable."""
+    if not value:
+        return None
+    try:
+        secs = float(value)
+    except ValueError:
+        from email.utils import parsedate_to_datetime
+
+        try:
+            secs = parsedate_to_datetime(value).timestamp() - time.time()
+        except (TypeError, ValueError, IndexError, OverflowError):
+            return None
+    return min(max(0.0, secs), MAX_RETRY_AFTER) if secs == secs else None
+
+
+@dataclass(frozen=True)
+class _Reply:
+    """A whole answer: its status, headers and (decoded) body."""
+
+    status_code: int
+    headers: httpx.Headers
+    content: bytes
+
+    @property
+    def text(self) -> str:
+        return self.content.decode("utf-8", "replace")
+
+
+def _send(http: httpx.Client, method: str, path: str, deadline_s: float, **kw: Any) -> _Reply:
+    """One request whose answer is read whole within `deadline_s` seconds in all and holds at
+    most MAX_ANSWER_BYTES (ClientError otherwise); a 408, 429 or 503 raises `_NotNow`."""
+    start = time.monotonic()
+    with http.stream(method, path, **kw) as resp:
+        if resp.status_code in TRANSIENT:
+            raise _NotNow(f"{method} {path} answered {resp.status_code}",
+                          _retry_after(resp.headers.get("retry-after")))
+        body = bytearray()
+        for part in resp.iter_bytes():   # decoded: the cap holds for a compressed answer too
+            body += part
+            if len(body) > MAX_ANSWER_BYTES:
+                raise ClientError(f"{method} {path}: the answer is larger than {MAX_ANSWER_BYTES} bytes")
+            if time.monotonic() - start > deadline_s:
+                raise ClientError(f"{method} {path}: no whole answer within {deadline_s:g} s")
+    return _Reply(resp.status_code, resp.headers, bytes(body))
 
 
 def _decode(content: bytes, where: str) -> Any:
@@ -278,10 +347,10 @@ class Client:
                 for k, doc in zip(chunk, docs, strict=True):
                     out[k] = _answer(doc, k, dkey)
         except (httpx.HTTPError, httpx.InvalidURL, ClientError) as e:
-            self._down_until = time.monotonic() + self.retry_after
+            wait = e.retry_after if isinstance(e, _NotNow) and e.retry_after is not None else self.retry_after
+            self._down_until = time.monotonic() + wait
             self._warn_once("down", f"autotuner service {self.url} cannot answer ({type(e).__name__}: {e}); "
-                            f"using cached strategies, else the baseline; retrying every "
-                            f"{self.retry_after:g}s")
+                            f"using cached strategies, else the baseline; asking again in {wait:g}s")
             return None
         if "down" in self._warned:
             self._warned.discard("down")
@@ -320,7 +389,8 @@ class Client:
             return {}
         else:
             try:
-                r = self._client().get("/v1/evidence", params={"device_key": dkey, "program_key": str(program_key)})
+                r = _send(self._client(), "GET", "/v1/evidence", self.timeout,
+                          params={"device_key": dkey, "program_key": str(program_key)})
                 if r.status_code != 200:
                     raise ClientError(f"GET /v1/evidence answered {r.status_code}")
                 doc = _decode(r.content, "GET /v1/evidence")
@@ -344,14 +414,13 @@ class Client:
         if new:
             log.warning("%s", message)
 
-    @staticmethod
-    def _post_chunk(http: httpx.Client, device: Device, problems: list[Problem]) -> list[Any]:
+    def _post_chunk(self, http: httpx.Client, device: Device, problems: list[Problem]) -> list[Any]:
         if len(problems) == 1:
             path, body = "/v1/lookup", {"device": device.to_dict(), "problem": problems[0].to_dict()}
         else:
             path = "/v1/lookup/batch"
             body = {"device": device.to_dict(), "problems": [p.to_dict() for p in problems]}
-        resp = http.post(path, json=body)
+        resp = _send(http, "POST", path, self.timeout, json=body)
         if 400 <= resp.status_code < 500:
             raise _Refused(resp.status_code, f"POST {path}: {resp.status_code} {resp.text[:200]}")
         if resp.status_code != 200:
@@ -397,7 +466,7 @@ class Client:
 
         try:
             body = results_body(device, problem, session_items(session, run_id), name)
-            r = self._client().post("/v1/results", json=body)
+            r = _send(self._client(), "POST", "/v1/results", self.timeout, json=body)
             if r.status_code >= 300:
                 raise ClientError(f"POST /v1/results answered {r.status_code}: {r.text[:200]}")
         except (httpx.HTTPError, httpx.InvalidURL, ClientError, ValueError) as e:
