@@ -219,11 +219,11 @@ class Build:
     def fit_memory(self) -> None:
         """The memory bound, kept by prediction: decompositions shed until what they may add fits
         (`overlap.memory.fit`), before the program is compiled."""
-        from autotuner.overlap.memory import fit
+        from autotuner.overlap.memory import fit, ring_bytes
 
         bound = self.ov.memory
-        if bound is None or not self.actions:
-            return
+        if bound is None or not any(ring_bytes(a.problem) for a in self.actions.values()):
+            return   # nothing charged: no need to wait for the plain step's temp bytes
         plain_temp = self.plain_memory()
         if plain_temp is None:
             return
