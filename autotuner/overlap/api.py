@@ -87,6 +87,7 @@ measures it against plain jit.
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import logging
 import threading
@@ -163,6 +164,8 @@ class Overlapped:
         self.jit_kwargs = jit_kwargs
         self._cache: dict[Any, _Prepared] = {}
         self._lock = threading.Lock()
+        self._warned_traced = False
+        functools.update_wrapper(self, fn, updated=())   # the step keeps its name, docs and module
 
     def __repr__(self) -> str:
         return f"overlap({getattr(self.fn, '__name__', self.fn)!r}, strategy={self.mode})"
@@ -171,8 +174,14 @@ class Overlapped:
         import jax
 
         if any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves((args, kwargs))):
-            # Inside another transformation the argument layouts are not known: plain jit.
-            log.debug("overlap: %r called on traced values: plain jit", self)
+            # Inside another transformation the argument layouts are not known: plain jit, said once.
+            if not self._warned_traced:
+                self._warned_traced = True
+                log.warning("overlap: %r was called inside another transformation (jax.jit, jax.grad, "
+                            "jax.vmap, shard_map, ...), where its arguments' layouts are not known, so it "
+                            "runs as plain jit there. overlap() jits itself: call it on arrays, and put "
+                            "it around the outermost function (the whole training step, gradients "
+                            "included), not inside one.", self)
             return jax.jit(self.fn, **self.jit_kwargs)(*args, **kwargs)
         return self._prepare(args, kwargs).call(*args, **kwargs)
 
@@ -229,7 +238,26 @@ class Overlapped:
         if len(set(mesh.axis_types)) > 1:
             return _Prepared(plain, Plan(notes=["the mesh mixes Explicit and Auto axes, which the pass "
                                                 "does not handle: plain jit"]))
-        return Build(self, args, kwargs, mesh, plain).run()
+        prepared = Build(self, args, kwargs, mesh, plain).run()
+        _say(self, prepared.plan)
+        return prepared
+
+
+def _say(ov: Overlapped, plan: Plan) -> None:
+    """One INFO line per prepared program (pairs decomposed, where the choices came from, the
+    memory), and a warning where `auto` has no client to ask, so that nothing changes silently."""
+    from collections import Counter
+
+    from autotuner.runtime.client import default_client
+
+    rows = [r for r in plan if r.problem is not None]
+    sources = Counter(r.source for r in rows)
+    log.info("overlap: %r: %d of %d pairs decomposed (choices: %s); %s", ov, sum(r.applied for r in plan),
+             len(plan), ", ".join(f"{n} {k}" for k, n in sorted(sources.items())) or "none", plan.memory)
+    if ov.mode == "auto" and rows and ov.client is None and default_client() is None:
+        log.warning("overlap: %r: no tuning client is configured (no client= and no AUTOTUNER_SERVICE_URL), "
+                    "so its %d pair(s) stay as written. Pass client=Client(url) or "
+                    "Client(offline='snapshot.json'), or a strategy.", ov, len(rows))
 
 
 _gc_lock = threading.Lock()

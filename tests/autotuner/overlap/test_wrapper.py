@@ -1,0 +1,86 @@
+"""`overlap(f)` as a user wraps it (issue 37): it keeps the step's name and docs, says once when
+another transformation around it (jax.jit, jax.grad, shard_map) makes it plain jit, and never
+changes nothing silently: with no client it warns, and a later `overlap(g, client=...)` in the
+same process asks its own service (the decisions of no client never answer for it)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import httpx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from autotuner.overlap import overlap
+from autotuner.runtime.client import Client
+from db import Database
+from service.testing import live_server
+
+
+def _program() -> tuple[Any, tuple[Any, Any], Any]:
+    """x (sequence over model) @ w (columns over model), summed: one all-gather -> dot pair."""
+    if jax.device_count() < 4:
+        pytest.skip("needs 4 devices")
+    mesh = jax.make_mesh((4,), ("model",), devices=jax.devices()[:4], axis_types=(AxisType.Auto,))
+    x = jax.device_put(jnp.asarray(np.random.default_rng(0).normal(size=(2, 64, 32)), jnp.float32),
+                       NamedSharding(mesh, P(None, "model", None)))
+    w = jax.device_put(jnp.asarray(np.random.default_rng(1).normal(size=(32, 128)), jnp.float32),
+                       NamedSharding(mesh, P(None, "model")))
+
+    def loss(x: jax.Array, w: jax.Array) -> jax.Array:
+        """The sum of x @ w."""
+        y = jax.lax.with_sharding_constraint(jnp.einsum("bsd,df->bsf", x, w), NamedSharding(mesh, P(None, None, "model")))
+        return jnp.sum(y)
+
+    return loss, (x, w), mesh
+
+
+def _warnings(caplog: pytest.LogCaptureFixture, text: str) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and text in r.getMessage()]
+
+
+def test_the_wrapper_keeps_the_steps_name_and_docs() -> None:
+    loss, _args, _mesh = _program()
+    ov = overlap(loss)
+    assert ov.__name__ == "loss" and ov.__doc__ == loss.__doc__ and ov.__wrapped__ is loss   # type: ignore[attr-defined]
+
+
+def test_inside_jit_grad_and_shard_map_it_is_plain_jit_and_says_so_once(caplog: pytest.LogCaptureFixture) -> None:
+    loss, args, mesh = _program()
+    want, want_grad = loss(*args), jax.grad(loss, argnums=1)(*args)
+    ov = overlap(loss, strategy="baseline")
+    with caplog.at_level(logging.WARNING, logger="autotuner.overlap"):
+        np.testing.assert_allclose(jax.jit(ov)(*args), want, rtol=1e-5)
+        np.testing.assert_allclose(jax.grad(ov, argnums=1)(*args), want_grad, rtol=1e-5)
+        np.testing.assert_allclose(jax.jit(ov)(*args), want, rtol=1e-5)
+        said = _warnings(caplog, "inside another transformation")
+        assert len(said) == 1 and "call it on arrays" in said[0], said   # once per wrapper, with what to do
+        local = overlap(lambda x, w: jnp.einsum("bsd,df->bsf", x, w), strategy="baseline")
+        inner = jax.shard_map(lambda x, w: local(x, w), mesh=mesh, in_specs=(P(None, "model"), P()),
+                              out_specs=P(None, "model"))
+        np.testing.assert_allclose(inner(*args), jnp.einsum("bsd,df->bsf", *args), rtol=1e-5)
+    assert len(_warnings(caplog, "inside another transformation")) == 2
+
+
+def test_with_no_client_it_warns_then_a_client_in_the_same_process_is_asked(
+        tmp_path: Any, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("AUTOTUNER_SERVICE_URL", raising=False)
+    loss, args, _mesh = _program()
+    with caplog.at_level(logging.WARNING, logger="autotuner.overlap"):
+        plan = overlap(loss).plan(*args)
+    assert plan and not any(r.applied for r in plan)
+    assert _warnings(caplog, "no tuning client is configured"), caplog.text
+    database = Database(f"sqlite:///{tmp_path / 'a.db'}")
+    database.upgrade()
+    with live_server(database.url) as url, Client(url) as client:
+        caplog.clear()
+        plan = overlap(loss, client=client).plan(*args)   # same problem, same process: asked anew
+        assert [r.source for r in plan] == ["default"] and not _warnings(caplog, "no tuning client")
+        demand = httpx.get(f"{url}/v1/demand").json()["items"]
+        assert {d["problem_key"] for d in demand} == {plan[0].key}, demand   # the service counted the miss
+    database.dispose()
