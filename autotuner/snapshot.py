@@ -10,9 +10,10 @@ A snapshot is one JSON object::
 
 The service serves it (``GET /v1/snapshot``: its response models are derived from `Entry`),
 `autotuner plan/bench-model --db` builds it from the database (`document`), and
-``Client(offline=FILE)`` reads it (`load`). A lookup answer (the client's ``LookupResult`` and
-its disk cache's lines) carries an entry's fields in the same JSON form (`time_json`,
-`time_of`, `confidence_of`). Imports no db, web or optuna code.
+``Client(offline=FILE)`` reads it (`load`). A lookup answer (:class:`autotuner.answer.Answer`,
+and its JSON: the client's disk cache lines) carries an entry's fields in the same JSON form
+(`autotuner.answer.time_json`, `time_of`; `confidence_of`); `entry_answer` and `entry_json` convert an entry to
+an Answer and back. Imports no db, web or optuna code.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from autotuner.answer import Answer, time_json
 from autotuner.device import Device, DeviceError
 from autotuner.errors import AutotunerError
 from autotuner.files import write_atomic
@@ -42,7 +44,13 @@ class SnapshotError(AutotunerError, ValueError):
 class Entry:
     """One stored winner of a snapshot, its fields in their JSON order. ``confidence`` is the
     speedup's interval where one was measured, ``record_id`` the winner record's id,
-    ``measured_at`` when it last changed."""
+    ``measured_at`` when it last changed.
+
+    Not an :class:`Answer`: this is the file format (and the service's ``SnapshotEntry`` schema
+    is derived from these fields and types), which stores the strategy as its JSON with its
+    ``strategy_key`` and no ``source``, ``origin``, ``distance`` or ``neighbor_key`` (a snapshot
+    holds exact winners only; the reader says where they came from). An entry becomes an
+    Answer in one place, `entry_answer`, and an Answer an entry in `entry_json`."""
 
     device_key: str
     problem_key: str
@@ -72,15 +80,6 @@ def evidence(winner: Any) -> dict[str, Any]:
     return {"strategy": winner.strategy, "strategy_key": winner.strategy_key, "speedup": winner.speedup,
             "confidence": (lo, hi) if lo is not None and hi is not None else None,
             "record_id": winner.id, "measured_at": winner.updated_at, "trials": winner.trials}
-
-
-def time_json(t: datetime | None) -> str | None:
-    return t.isoformat() if t is not None else None
-
-
-def time_of(text: str | None) -> datetime | None:
-    """A `time_json` (or the service's ``...Z``) as a datetime."""
-    return datetime.fromisoformat(text.replace("Z", "+00:00")) if text else None
 
 
 def confidence_of(value: Any) -> tuple[float, float] | None:
@@ -168,19 +167,29 @@ def load(path: str | os.PathLike[str]) -> dict[str, Any]:
     return check(doc, str(p))
 
 
-def put_entry(path: str | os.PathLike[str], device: Device, answer: dict[str, Any]) -> None:
-    """Add (or replace) the winner `answer` (a lookup answer's JSON: device_key, problem_key,
-    strategy, speedup, confidence, measured_at, trials) in the snapshot file at `path`, listing
-    `device` if it is not yet; the file is rewritten atomically. Raises SnapshotError."""
-    from autotuner.strategy import Strategy
+def entry_answer(item: Any, source: str) -> Answer:
+    """A snapshot file's entry (its JSON, `Entry.to_json`'s form) as the Answer it gives, from
+    ``source`` (`autotuner.rule.exact_source`), origin ``snapshot``. Raises ValueError,
+    StrategyError, KeyError or TypeError for an entry that is not one."""
+    return Answer.from_json({**item, "source": source}, "snapshot")
 
+
+def entry_json(answer: Answer) -> dict[str, Any]:
+    """The snapshot entry (`Entry.to_json`'s form) of a winner `answer`: no record (id 0), a
+    speedup of 1.0 and 0 trials where the answer knows none."""
+    return {"device_key": answer.device_key, "problem_key": answer.problem_key,
+            "strategy": answer.strategy.to_dict(), "strategy_key": answer.strategy.key,
+            "speedup": answer.speedup if answer.speedup is not None else 1.0,
+            "confidence": list(answer.confidence) if answer.confidence else None, "record_id": 0,
+            "measured_at": time_json(answer.measured_at), "trials": answer.trials or 0}
+
+
+def put_entry(path: str | os.PathLike[str], device: Device, answer: Answer) -> None:
+    """Add (or replace) the winner `answer` in the snapshot file at `path` (`entry_json`),
+    listing `device` if it is not yet; the file is rewritten atomically. Raises SnapshotError."""
     doc = load(path)
-    pair = (answer["device_key"], answer["problem_key"])
-    entry = {"device_key": pair[0], "problem_key": pair[1], "strategy": answer["strategy"],
-             "strategy_key": Strategy.from_dict(answer["strategy"]).key,
-             "speedup": answer.get("speedup") if answer.get("speedup") is not None else 1.0,
-             "confidence": answer.get("confidence"), "record_id": 0,
-             "measured_at": answer.get("measured_at"), "trials": answer.get("trials") or 0}
+    entry = entry_json(answer)
+    pair = (entry["device_key"], entry["problem_key"])
     entries = [e for e in doc.get("entries") or []
                if not isinstance(e, dict) or (e.get("device_key"), e.get("problem_key")) != pair]
     doc["entries"] = [*entries, entry]

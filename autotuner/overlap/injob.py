@@ -24,7 +24,7 @@ import itertools
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from autotuner.problem import GroupedProblem, Problem
@@ -126,8 +126,6 @@ class InJob:
     def mark(self, sites: list[Any], rows: list[Any]) -> list[Any]:
         """The rows, those of measured units with source "in-job", every unit this tuning touched
         with its note."""
-        from dataclasses import replace
-
         out = []
         for site, row in zip(sites, rows, strict=True):
             rec = self.records.get(site.unit.key) if site is not None else None
@@ -186,10 +184,10 @@ class InJob:
         if multi:
             shared = self._share(f"answer/{self.call}/{unit.key}", shared)
             if not first:
-                from autotuner.runtime.answers import LookupResult
+                from autotuner.answer import Answer
 
                 a = shared["answer"]
-                answer = LookupResult.from_json(a, "process0") if a is not None else None
+                answer = Answer.from_json(a, "process0") if a is not None else None
                 stored = shared["stored"]
         return answer, stored
 
@@ -198,7 +196,7 @@ class InJob:
 
         from autotuner.measure.local import LocalRunner
         from autotuner.measure.session import run_session
-        from autotuner.runtime.collective import Decision, decisions_for
+        from autotuner.runtime.collective import decisions_for
 
         multi = jax.process_count() > 1
         first = jax.process_index() == 0
@@ -227,7 +225,7 @@ class InJob:
         self.spent += seconds
         self._per_strategy = session.seconds / (1 + len(plan))
         if answer is not None:
-            decisions_for(self.lookup_client).put(Decision(unit.key, answer.strategy, "tuned", "in-job", answer.speedup, answer.confidence))
+            decisions_for(self.lookup_client).put(replace(answer, problem_key=unit.key, source="tuned", origin="in-job"))
             ci = f" [{answer.confidence[0]:.3f}, {answer.confidence[1]:.3f}]" if answer.confidence else ""
             won = f"winner {answer.strategy.key} x{answer.speedup or 1.0:.3f}{ci}"
         else:

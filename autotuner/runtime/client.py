@@ -20,7 +20,7 @@ exported from the service (``GET /v1/snapshot``, :meth:`Client.export_snapshot`,
 ``autotuner snapshot``), else the baseline. When the service cannot be reached the client logs
 ONE warning (per outage, not per call) and falls back as above.
 
-``LookupResult.origin`` says which of these answered: ``service``, ``memory``, ``disk``,
+``Answer.origin`` says which of these answered: ``service``, ``memory``, ``disk``,
 ``snapshot`` or ``fallback``.
 
 :meth:`Client.evidence` answers, for one program (``Plan.program``), the in-program evidence
@@ -60,14 +60,15 @@ from typing import Any
 import httpx
 
 from autotuner import rule, snapshot
+from autotuner.answer import KEY_RE, Answer
 from autotuner.device import Device
 from autotuner.errors import AutotunerError
 from autotuner.files import write_atomic
 from autotuner.problem import GroupedProblem, Problem, problem_from_dict
-from autotuner.runtime.answers import KEY_RE, LookupResult, session_answer, snapshot_answers
 from autotuner.runtime.answers import DiskCache as _DiskCache
+from autotuner.runtime.answers import session_answer, snapshot_answers
 
-__all__ = ["KEY_RE", "Client", "ClientError", "LookupResult", "default_client", "load_snapshot", "session_answer"]
+__all__ = ["KEY_RE", "Client", "ClientError", "default_client", "load_snapshot", "session_answer"]
 
 log = logging.getLogger("autotuner.runtime.client")
 
@@ -168,7 +169,7 @@ def _decode(content: bytes, where: str) -> Any:
         raise ClientError(f"{where}: the answer is not JSON ({type(e).__name__}: {str(e)[:100]})") from None
 
 
-def load_snapshot(path: str | os.PathLike[str]) -> dict[tuple[str, str], LookupResult]:
+def load_snapshot(path: str | os.PathLike[str]) -> dict[tuple[str, str], Answer]:
     """The answers of a snapshot file (``GET /v1/snapshot``), by (device key, problem key)."""
     try:
         return snapshot_answers(path)[0]
@@ -176,7 +177,7 @@ def load_snapshot(path: str | os.PathLike[str]) -> dict[tuple[str, str], LookupR
         raise ClientError(str(e)) from None
 
 
-def _read_offline(path: str | os.PathLike[str]) -> tuple[dict[tuple[str, str], LookupResult], list[Any]]:
+def _read_offline(path: str | os.PathLike[str]) -> tuple[dict[tuple[str, str], Answer], list[Any]]:
     """A client's snapshot (`answers.snapshot_answers`): one that cannot be read (missing,
     truncated, garbage, another format) is a client with no answers, said once as a warning,
     never an exception at the training job's start (every pair keeps its default)."""
@@ -212,8 +213,8 @@ class Client:
         self.topology = topology
         self._device = device
         self._token = token
-        self._memo: dict[tuple[Device, Problem], LookupResult] = {}   # by object: the fast path
-        self._cache: dict[tuple[str, str], LookupResult] = {}          # by (device key, problem key)
+        self._memo: dict[tuple[Device, Problem], Answer] = {}   # by object: the fast path
+        self._cache: dict[tuple[str, str], Answer] = {}          # by (device key, problem key)
         self._keys: dict[Problem | Device, str] = {}
         self._disk = _DiskCache(Path(cache_dir)) if cache_dir is not None else None
         self._snapshot, self._evidence_items = _read_offline(offline) if offline is not None else (None, [])
@@ -229,7 +230,7 @@ class Client:
         return f"Client({where})"
 
     # -- the fast path -------------------------------------------------------------------------
-    def lookup(self, problem: Problem, device: Device | None = None) -> LookupResult:
+    def lookup(self, problem: Problem, device: Device | None = None) -> Answer:
         """The strategy for ``problem`` on ``device`` (default: :attr:`device`); never raises
         for an unreachable service (falls back as the module docs say)."""
         if device is None:
@@ -242,13 +243,13 @@ class Client:
             return hit
         return self.lookup_batch([problem], device)[0]
 
-    def lookup_batch(self, problems: Sequence[Problem], device: Device | None = None) -> list[LookupResult]:
+    def lookup_batch(self, problems: Sequence[Problem], device: Device | None = None) -> list[Answer]:
         """:meth:`lookup` for many problems at once: cache hits locally, the rest in batches of
         :data:`BATCH` per request."""
         if device is None:
             device = self.device
         problems = [p if isinstance(p, (Problem, GroupedProblem)) else problem_from_dict(p) for p in problems]
-        out: list[LookupResult | None] = [self._memo.get((device, p)) for p in problems]
+        out: list[Answer | None] = [self._memo.get((device, p)) for p in problems]
         todo = [i for i, r in enumerate(out) if r is None]
         if not todo:
             return out  # type: ignore[return-value]
@@ -287,7 +288,7 @@ class Client:
             self._keys[obj] = key
         return key
 
-    def _remember(self, device: Device, problems: dict[str, Problem], results: Iterable[LookupResult]) -> None:
+    def _remember(self, device: Device, problems: dict[str, Problem], results: Iterable[Answer]) -> None:
         cached = [replace(r, origin="memory") for r in results]
         with self._lock:
             if len(self._memo) > 200_000:  # a bound, far above any program's distinct einsums
@@ -299,12 +300,12 @@ class Client:
                 if p is not None:
                     self._memo[(device, p)] = r
 
-    def _resolve(self, device: Device, dkey: str, ask: dict[str, Problem]) -> dict[str, LookupResult]:
-        answers: dict[str, LookupResult] = {}
+    def _resolve(self, device: Device, dkey: str, ask: dict[str, Problem]) -> dict[str, Answer]:
+        answers: dict[str, Answer] = {}
         if self._snapshot is not None:
             for pkey in ask:
                 hit = self._snapshot.get((dkey, pkey))
-                answers[pkey] = hit if hit is not None else LookupResult.baseline(pkey, dkey)
+                answers[pkey] = hit if hit is not None else Answer.baseline(pkey, dkey)
             self._remember(device, ask, answers.values())
             return answers
         got = self._ask_service(device, dkey, ask)
@@ -316,7 +317,7 @@ class Client:
         # the service is down: the disk cache, then the baseline (not remembered: ask again later)
         for pkey in ask:
             hit = self._disk.get(dkey, pkey) if self._disk is not None else None
-            answers[pkey] = hit if hit is not None else LookupResult.baseline(pkey, dkey)
+            answers[pkey] = hit if hit is not None else Answer.baseline(pkey, dkey)
         return answers
 
     def _client(self) -> httpx.Client:
@@ -329,7 +330,7 @@ class Client:
                                           trust_env=False)
             return self._http
 
-    def _ask_service(self, device: Device, dkey: str, ask: dict[str, Problem]) -> dict[str, LookupResult] | None:
+    def _ask_service(self, device: Device, dkey: str, ask: dict[str, Problem]) -> dict[str, Answer] | None:
         """The service's answers; None (and one warning) when it cannot be reached, fails, or
         answers what does not parse. No lock is held: concurrent lookups, concurrent requests.
 
@@ -338,7 +339,7 @@ class Client:
         if time.monotonic() < self._down_until:
             return None
         keys = list(ask)
-        out: dict[str, LookupResult] = {}
+        out: dict[str, Answer] = {}
         try:
             http = self._client()
             for lo in range(0, len(keys), BATCH):
@@ -371,7 +372,7 @@ class Client:
                         + self._fetch(http, device, dkey, chunk[mid:], ask))
             self._warn_once("refused", f"autotuner service {self.url} refused a lookup ({e}); "
                                        "using the baseline for it")
-            return [{**LookupResult.baseline(k, dkey).to_json(), "origin": "fallback"} for k in chunk]
+            return [{**Answer.baseline(k, dkey).to_json(), "origin": "fallback"} for k in chunk]
 
     def evidence(self, program_key: str, device: Device | None = None) -> dict[str, dict[str, Any]]:
         """In-program evidence for the program `program_key` on `device` (default: this client's):
@@ -433,7 +434,7 @@ class Client:
 
     # -- storing measurements ------------------------------------------------------------------
     def upload(self, device: Device | None, problem: Problem | GroupedProblem, session: Any, *,
-               name: str | None = None, run_id: str | None = None) -> tuple[LookupResult | None, str]:
+               name: str | None = None, run_id: str | None = None) -> tuple[Answer | None, str]:
         """Store one measured session (`measure.run_session`'s `SessionResult`) of `problem` on
         `device` (default: :attr:`device`), and make its winner this client's answer for it.
         Returns (the answer, where it was stored). With a service and a token: ``POST
@@ -475,7 +476,7 @@ class Client:
             return f"nowhere (the upload to {self.url} failed: {type(e).__name__}: {str(e)[:120]})"
         return f"the service {self.url}"
 
-    def _save_offline(self, device: Device, answer: LookupResult | None) -> str:
+    def _save_offline(self, device: Device, answer: Answer | None) -> str:
         """Add `answer` to the snapshot in memory and to its file (atomically rewritten)."""
         assert self._snapshot is not None and self.offline is not None
         if answer is None:
@@ -483,7 +484,7 @@ class Client:
         with self._lock:
             self._snapshot[(answer.device_key, answer.problem_key)] = replace(answer, origin="snapshot")
         try:
-            snapshot.put_entry(self.offline, device, answer.to_json())
+            snapshot.put_entry(self.offline, device, answer)
         except snapshot.SnapshotError as e:
             log.warning("autotuner: could not write in-job results to the snapshot %s (%s)", self.offline, e)
             return f"this process's snapshot in memory only ({e})"
@@ -531,10 +532,10 @@ class Client:
         self.close()
 
 
-def _answer(doc: Any, problem_key: str, device_key: str) -> LookupResult:
+def _answer(doc: Any, problem_key: str, device_key: str) -> Answer:
     """The service's answer, filed under the client's keys; ClientError if not an answer."""
     try:
-        return replace(LookupResult.from_json(doc, "service"), problem_key=problem_key, device_key=device_key)
+        return replace(Answer.from_json(doc, "service"), problem_key=problem_key, device_key=device_key)
     except Exception as e:  # noqa: BLE001 - untrusted JSON: whatever does not parse is no answer
         raise ClientError(f"an invalid answer ({type(e).__name__}: {str(e)[:200]})") from None
 

@@ -13,7 +13,11 @@ then its caches, then the baseline); ``"baseline"``, a :class:`Strategy` or its 
 In a multi-process job every process must run the same program: process 0 decides and
 publishes the decision in the `jax.distributed` key-value store; the others wait for it. So
 only process 0 needs to reach the service, and a service outage makes every process use the
-baseline together. Decisions are remembered per process (one lookup per problem).
+baseline together. Decisions are remembered per process (one lookup per problem), each an
+:class:`autotuner.answer.Answer`: the client's (its ``origin`` the client's), ``process0`` on the
+other processes of a job, ``unconfigured`` without a client, ``no-kv-store`` or ``error`` where
+every process takes the baseline, ``in-job`` where `overlap(tune=...)` measured it; its
+``device_key`` is "" where no lookup was made.
 """
 
 from __future__ import annotations
@@ -23,20 +27,20 @@ import logging
 import threading
 import weakref
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
+from autotuner.answer import Answer
 from autotuner.errors import AutotunerError
 from autotuner.problem import Problem
 from autotuner.strategy import Strategy, StrategyError, parse_choice
 
-__all__ = ["DECISIONS", "Decision", "DecisionError", "DecisionTable", "collective_einsum", "decisions", "decisions_for",
+__all__ = ["DECISIONS", "DecisionError", "DecisionTable", "collective_einsum", "decisions", "decisions_for",
            "problem_for"]
 
 log = logging.getLogger("autotuner.runtime.collective")
 
 DECISION_TIMEOUT_S = 600.0  # how long processes > 0 wait for process 0's decision
-_KV_PREFIX = "autotuner/collective_einsum/v2/"
+_KV_PREFIX = "autotuner/collective_einsum/v3/"  # v3: the payload is a decision's Answer JSON
 _ASKED: dict[str, int] = {}   # problem key -> how many decisions of it this process has shared
 
 
@@ -44,18 +48,9 @@ class DecisionError(AutotunerError, RuntimeError):
     """The processes of a job could not agree on a strategy."""
 
 
-@dataclass(frozen=True)
-class Decision:
-    """The strategy `collective_einsum(strategy="auto")` uses for one problem. ``source`` as in a
-    lookup; ``origin`` where it came from (a lookup's origin; ``process0`` on the other
-    processes of a job; ``unconfigured`` without a client)."""
-
-    problem_key: str
-    strategy: Strategy
-    source: str
-    origin: str
-    speedup: float | None = None                      # the answer's measured/predicted speedup
-    confidence: tuple[float, float] | None = None     # its interval, where one was measured
+def _baseline(problem: Problem, origin: str) -> Answer:
+    """The baseline, decided without a lookup (``origin`` says why: unconfigured, no-kv-store, error)."""
+    return Answer(Strategy.baseline(), "default", None, None, None, None, problem.key, "", origin=origin)
 
 
 class DecisionTable:
@@ -66,23 +61,23 @@ class DecisionTable:
     one with a service."""
 
     def __init__(self) -> None:
-        self._decisions: dict[str, Decision] = {}
+        self._decisions: dict[str, Answer] = {}
         self._lock = threading.Lock()
 
-    def snapshot(self) -> dict[str, Decision]:
+    def snapshot(self) -> dict[str, Answer]:
         return dict(self._decisions)
 
     def clear(self) -> None:
         with self._lock:
             self._decisions.clear()
 
-    def put(self, decision: Decision) -> None:
+    def put(self, decision: Answer) -> None:
         """Replace the decision for its problem (in-job tuning measured it: `overlap(tune=...)`);
         every later trace in this process uses it. Each process of a job puts the same one."""
         with self._lock:
             self._decisions[decision.problem_key] = decision
 
-    def decide(self, problem: Problem, client: Any) -> Decision:
+    def decide(self, problem: Problem, client: Any) -> Answer:
         """The remembered decision for `problem`, else a new one: looked up (process 0) and
         shared through the distributed key-value store (the other processes)."""
         import jax
@@ -124,7 +119,7 @@ def decisions_for(client: Any) -> DecisionTable:
         return table
 
 
-def decisions(client: Any = None) -> dict[str, Decision]:
+def decisions(client: Any = None) -> dict[str, Answer]:
     """The decisions made with `client` (see `decisions_for`), by problem key."""
     return decisions_for(client).snapshot()
 
@@ -196,15 +191,14 @@ def problem_for(equation: str, lhs: Any, rhs: Any, *, mesh: Any, out_spec: Any,
 
 # -- the decision ---------------------------------------------------------------------------------
 
-def _local_decision(problem: Problem, client: Any) -> Decision:
+def _local_decision(problem: Problem, client: Any) -> Answer:
     if client is None:
         from autotuner.runtime.client import default_client
 
         client = default_client()
     if client is None:
-        return Decision(problem.key, Strategy.baseline(), "default", "unconfigured")
-    r = client.lookup(problem, client.device)  # the client's fingerprint: Device.current() by default
-    return Decision(problem.key, r.strategy, r.source, r.origin, r.speedup, r.confidence)
+        return _baseline(problem, "unconfigured")
+    return client.lookup(problem, client.device)  # the client's fingerprint: Device.current() by default
 
 
 def _kv_client() -> Any:
@@ -213,14 +207,14 @@ def _kv_client() -> Any:
     return distributed.global_state.client
 
 
-def _shared_decision(problem: Problem, client: Any) -> Decision:
+def _shared_decision(problem: Problem, client: Any) -> Answer:
     import jax
 
     kv = _kv_client()
     if kv is None:
         log.warning("collective_einsum: %d processes but no jax.distributed key-value store; every "
                     "process uses the baseline so that they agree", jax.process_count())
-        return Decision(problem.key, Strategy.baseline(), "default", "no-kv-store")
+        return _baseline(problem, "no-kv-store")
     with _TABLES_LOCK:   # the n-th decision of this problem in the job: the same n on every process
         n = _ASKED[problem.key] = _ASKED.get(problem.key, -1) + 1
     name = f"{_KV_PREFIX}{problem.key}/{n}"
@@ -229,18 +223,12 @@ def _shared_decision(problem: Problem, client: Any) -> Decision:
             decision = _local_decision(problem, client)
         except Exception:  # noqa: BLE001 - the others wait for a decision: publish the baseline
             log.exception("collective_einsum: the lookup failed; every process uses the baseline")
-            decision = Decision(problem.key, Strategy.baseline(), "default", "error")
-        payload = {"strategy": decision.strategy.to_dict(), "source": decision.source,
-                   "speedup": decision.speedup,
-                   "confidence": list(decision.confidence) if decision.confidence else None}
-        kv.key_value_set(name, json.dumps(payload), allow_overwrite=True)
+            decision = _baseline(problem, "error")
+        kv.key_value_set(name, json.dumps(decision.to_json()), allow_overwrite=True)
         return decision
     try:
         text = kv.blocking_key_value_get(name, int(DECISION_TIMEOUT_S * 1000))
-        payload = json.loads(text)
-        ci = payload.get("confidence")
-        return Decision(problem.key, Strategy.from_dict(payload["strategy"]), str(payload["source"]),
-                        "process0", payload.get("speedup"), (float(ci[0]), float(ci[1])) if ci else None)
+        return Answer.from_json(json.loads(text), "process0", keyed=False)  # device_key may be ""
     except Exception as e:  # noqa: BLE001 - any failure here means the processes cannot agree
         raise DecisionError(
             f"collective_einsum: process {jax.process_index()} got no strategy from process 0 for "

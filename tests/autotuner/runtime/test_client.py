@@ -24,7 +24,8 @@ import numpy as np
 import pytest
 
 from autotuner import Device, Problem, Strategy
-from autotuner.runtime.client import Client, ClientError, LookupResult, load_snapshot
+from autotuner.answer import Answer
+from autotuner.runtime.client import Client, ClientError, load_snapshot
 from autotuner.testing import outputs_of
 from autotuner.tune import store
 from db import Database
@@ -229,10 +230,10 @@ def test_offline_snapshot(server, tmp_path, caplog):
 
 
 def test_lookup_result_json_round_trip():
-    r = LookupResult(strategy=Strategy.from_dict(RING), source="nearest", speedup=1.2, confidence=(1.1, 1.3),
+    r = Answer(strategy=Strategy.from_dict(RING), source="nearest", speedup=1.2, confidence=(1.1, 1.3),
                      record_id=3, measured_at=datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC), problem_key="p",
                      device_key="d", distance=0.5, neighbor_key="q", trials=4)
-    assert LookupResult.from_json(json.loads(json.dumps(r.to_json())), "service") == r
+    assert Answer.from_json(json.loads(json.dumps(r.to_json())), "service") == r
 
 
 # -- collective_einsum -----------------------------------------------------------------------------

@@ -20,7 +20,8 @@ from typing import Any
 import pytest
 
 from autotuner import Device, Problem, Strategy
-from autotuner.runtime.client import DEFAULT_TIMEOUT, Client, LookupResult
+from autotuner.answer import Answer
+from autotuner.runtime.client import DEFAULT_TIMEOUT, Client
 from service.testing import RING, free_port, problem
 
 DEVICE = Device(platform="cpu", device_kind="cpu", num_devices=8, num_processes=1, topology="hostile-test",
@@ -32,7 +33,7 @@ CACHE_FILE = f"lookups-{DEVICE.key}.jsonl"
 
 def answer(p: Problem, **fields: Any) -> dict[str, Any]:
     """A valid answer for ``p`` on DEVICE (a tuned ring), with ``fields`` replaced."""
-    r = LookupResult(strategy=Strategy.from_dict(RING), source="tuned", speedup=1.25, confidence=(1.2, 1.3),
+    r = Answer(strategy=Strategy.from_dict(RING), source="tuned", speedup=1.25, confidence=(1.2, 1.3),
                      record_id=7, measured_at=datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC), problem_key=p.key,
                      device_key=DEVICE.key, trials=12)
     return {**r.to_json(), "strategy_key": r.strategy.key, **fields}
@@ -109,9 +110,9 @@ def _files(root: Path) -> set[str]:
     return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()}
 
 
-def _valid_cache(path: Path) -> list[LookupResult]:
+def _valid_cache(path: Path) -> list[Answer]:
     """Every line of a cache file, parsed (fails on a line that does not parse)."""
-    return [LookupResult.from_json(json.loads(line), "disk") for line in path.read_bytes().splitlines()]
+    return [Answer.from_json(json.loads(line), "disk") for line in path.read_bytes().splitlines()]
 
 
 # -- answers that do not parse ---------------------------------------------------------------------
@@ -220,23 +221,23 @@ def test_the_service_answers_again_after_nonsense(service, tmp_path, caplog):
 
 
 def test_from_json_raises_value_error_only():
-    """LookupResult.from_json, for the snapshot loader and any caller: ValueError (a
+    """Answer.from_json, for the snapshot loader and any caller: ValueError (a
     StrategyError is one) for every answer above, never AttributeError or TypeError."""
     good = answer(TUNED)
-    assert LookupResult.from_json(good, "service").strategy == Strategy.from_dict(RING)
+    assert Answer.from_json(good, "service").strategy == Strategy.from_dict(RING)
     bad: list[Any] = [[], "tuned", None, 42, {**good, "measured_at": 1767322800}, {**good, "speedup": "x"},
                       {**good, "speedup": 10 ** 400}, {**good, "confidence": 1.2}, {**good, "record_id": "7"},
                       {**good, "device_key": "../../etc/x"}, {**good, "strategy": "ring"},
                       {k: v for k, v in good.items() if k != "strategy"}]
     for d in bad:
         with pytest.raises(ValueError):
-            LookupResult.from_json(d, "service")
+            Answer.from_json(d, "service")
 
 
 # -- a corrupt disk cache --------------------------------------------------------------------------
 
 def _line(p: Problem) -> bytes:
-    r = LookupResult.from_json(answer(p), "disk")
+    r = Answer.from_json(answer(p), "disk")
     return json.dumps(r.to_json()).encode() + b"\n"
 
 
@@ -293,7 +294,7 @@ def test_concurrent_lookups_are_concurrent_requests(service):
     across its request would never let the second one out: the barrier breaks (after its
     generous deadlock guard) and the lookups fall back."""
     service.gate = threading.Barrier(2, timeout=30)
-    results: dict[str, LookupResult] = {}
+    results: dict[str, Answer] = {}
     errors: list[BaseException] = []
     with Client(service.url, device=DEVICE, timeout=60) as client:
         def ask(p: Problem) -> None:
