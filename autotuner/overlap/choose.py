@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from autotuner.answer import Answer
 from autotuner.overlap.apply import Action, DotInfo
 from autotuner.overlap.find import Site
 from autotuner.overlap.plan import PlanRow
@@ -61,9 +62,11 @@ def applies(s: Strategy, leave: Strategy) -> bool:
 
 
 def _decide(mode: str, chosen: Any, client: Any, site: Site, evidence: dict[str, Any] | None = None,
-            leave: Strategy = BASELINE) -> tuple[Strategy, str, float | None, str, bool]:
-    """(strategy, source, predicted speedup, note, keep) for one site's unit (its group, or its
-    pair); keep: the gathered value has other users, which the ring's kept copy serves.
+            leave: Strategy = BASELINE) -> tuple[Strategy, str, float | None, str, bool, Answer | None]:
+    """(strategy, source, predicted speedup, note, keep, answer) for one site's unit (its group,
+    or its pair); keep: the gathered value has other users, which the ring's kept copy serves;
+    answer: the decision table's answer `auto` chose from (None for the other modes and for
+    in-program evidence).
     `evidence`: in-program evidence for this program (problem key -> the client's answer), which
     `auto` prefers to the isolated winner. `leave`: what a pair the pass leaves alone runs
     (`autotuner.strategy.reference` of the platform)."""
@@ -72,6 +75,7 @@ def _decide(mode: str, chosen: Any, client: Any, site: Site, evidence: dict[str,
     p = site.unit
     speedup = None
     note = ""
+    d: Answer | None = None
     ev = (evidence or {}).get(p.key) if mode == "auto" else None
     if ev is not None:
         s, source = ev["strategy"], "in-program"
@@ -115,7 +119,7 @@ def _decide(mode: str, chosen: Any, client: Any, site: Site, evidence: dict[str,
             s, note = leave, why + f": {leave.key}"
         elif why is not None:
             note = why
-    return s, source, (speedup if s != leave else None), note, keep
+    return s, source, (speedup if s != leave else None), note, keep, d
 
 
 def in_program_note(ev: dict[str, Any]) -> str:
@@ -134,7 +138,7 @@ def choose(mode: str, chosen: Any, client: Any, sites: list[Site | None], rows: 
     made for their GroupedProblem. `evidence`, `leave`: see `_decide`."""
     actions: dict[str, Action] = {}
     out = []
-    made: dict[tuple[str, ...], tuple[Strategy, str, float | None, str, bool]] = {}
+    made: dict[tuple[str, ...], tuple[Strategy, str, float | None, str, bool, Answer | None]] = {}
     owner: dict[str, tuple[tuple[str, ...], str]] = {}   # all-gather -> (the unit whose ring runs it, its name)
     served_by: dict[tuple[str, ...], str] = {}
     for site, row in zip(sites, rows, strict=True):
@@ -151,19 +155,19 @@ def choose(mode: str, chosen: Any, client: Any, sites: list[Site | None], rows: 
             # it over within one jaxpr
             src = made[first[0]][1]
             made[unit] = (leave, src, None,
-                          f"served by the gathered value that the ring of {first[1]} keeps", False)
+                          f"served by the gathered value that the ring of {first[1]} keeps", False, None)
             served_by[unit] = first[1]
         if unit not in made:
             made[unit] = _decide(mode, chosen, client, site, evidence, leave)
             if site.collective and site.collective not in owner and made[unit][0].rewrites:
                 owner[site.collective] = (unit, row.name)
-        s, source, speedup, note, keep = made[unit]
+        s, source, speedup, note, keep, answer = made[unit]
         if applies(s, leave):
             actions[site.tag] = Action(site.unit, s, site.tags, keep=keep, strict=keep and mode == "auto")
         if row.note and note:
             note = f"{row.note}; {note}"
         out.append(replace(row, strategy=s, source=source, speedup=speedup, note=note or row.note,
-                           served_by=served_by.get(unit, ""), left=leave.method))
+                           served_by=served_by.get(unit, ""), left=leave.method, answer=answer))
     return actions, out
 
 

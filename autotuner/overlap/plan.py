@@ -8,13 +8,18 @@ from collections.abc import Iterator
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from autotuner.answer import Answer
 from autotuner.problem import GroupedProblem, Problem
 from autotuner.strategy import Strategy
 
 
 @dataclass(frozen=True)
 class PlanRow:
-    """One decomposable pair of the program and what the pass does with it."""
+    """One decomposable pair of the program and what the pass does with it. `answer`: the
+    lookup answer (the decision table's, `autotuner.runtime.collective`) the pass chose from,
+    where it asked for one (`strategy="auto"`; None for forced, callable, in-program rows);
+    `source` and `speedup` are the row's own (set for every row, an answer's where the pass
+    followed it)."""
 
     name: str                 # the dot's name stack, e.g. transpose(jvp(bsd,df->bsf))
     where: str                # user source of the einsum (file:line (function))
@@ -32,6 +37,7 @@ class PlanRow:
     #                           windowed einsum, on by default above its size threshold), else ""
     left: str = "baseline"    # what a pair left alone runs: baseline, or plain where the compiler may
     #                           decompose it itself (TPU); a baseline chosen there is applied
+    answer: Answer | None = None  # the answer chosen from (strategy="auto"), else None
 
     @property
     def key(self) -> str | None:
