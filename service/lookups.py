@@ -38,6 +38,7 @@ from typing import Any
 from starlette.concurrency import run_in_threadpool
 
 from autotuner import Device, Problem, Strategy, StrategyError
+from autotuner.answer import Answer
 from autotuner.rule import EXACT_SOURCES, exact_source
 from autotuner.snapshot import evidence
 from db import Database, StorageError, WinnerRecord
@@ -58,17 +59,37 @@ NEIGHBORS = 5
 CACHE_ENTRIES = 200_000
 CACHE_BYTES = 256 * 2**20
 ANSWER_OVERHEAD = 1536  # bytes of a cached answer besides its JSON (the Lookup object, keys)
-BASELINE = Strategy.baseline()
+
+
+def answer_of(w: WinnerRecord, dkey: str, pkey: str, source: str, strategy: Strategy | None = None,
+              distance: float | None = None, neighbor_key: str | None = None) -> Answer:
+    """The answer a stored winner gives (problem `pkey` on device `dkey`): its own (`tuned`,
+    `estimated`), or a neighbour's (`nearest`: `strategy`, the winner's as valid for the problem
+    asked about, at `distance`, the neighbour `neighbor_key`). The one conversion of a winner."""
+    ev = evidence(w)
+    return Answer(strategy=strategy if strategy is not None else Strategy.from_dict(w.strategy), source=source,
+                  speedup=ev["speedup"], confidence=ev["confidence"], record_id=ev["record_id"],
+                  measured_at=ev["measured_at"], problem_key=pkey, device_key=dkey, distance=distance,
+                  neighbor_key=neighbor_key, trials=ev["trials"])
+
+
+_WIRE = tuple(k for k in Lookup.model_fields if k not in ("strategy", "strategy_key"))
+
+
+def lookup_of(answer: Answer) -> Lookup:
+    """The wire form of `answer` (the ``Lookup`` schema: an Answer's fields of the same names, its
+    strategy as JSON with its key; not its ``origin``, which the client sets)."""
+    return Lookup.model_validate({"strategy": answer.strategy.to_dict(), "strategy_key": answer.strategy.key,
+                                  **{k: getattr(answer, k) for k in _WIRE}})
 
 
 def _tuned(w: WinnerRecord, dkey: str, pkey: str, estimated: bool = False) -> Lookup:
     """The problem's own winner: `tuned`, or `estimated` for a compile-only device's."""
-    return Lookup(**evidence(w), source=exact_source(estimated), problem_key=pkey, device_key=dkey)
+    return lookup_of(answer_of(w, dkey, pkey, exact_source(estimated)))
 
 
 def _default(dkey: str, pkey: str) -> Lookup:
-    return Lookup(strategy=BASELINE.to_dict(), strategy_key=BASELINE.key, source="default",
-                  speedup=1.0, problem_key=pkey, device_key=dkey)
+    return lookup_of(Answer.baseline(pkey, dkey))
 
 
 def applicable(problem: Problem, strategy: dict[str, Any]) -> Strategy | None:
@@ -323,18 +344,14 @@ class LookupEngine:
             strategy = applicable(problem, winner.strategy) if winner is not None else None
             if strategy is None:
                 continue
-            answer = {**evidence(winner), "strategy": strategy.to_dict(), "strategy_key": strategy.key}
-            return Lookup(**answer, source="nearest", distance=round(distance, 6),
-                          neighbor_key=nkey, problem_key=pkey, device_key=dkey)
+            return lookup_of(answer_of(winner, dkey, pkey, "nearest", strategy, round(distance, 6), nkey))
         return None
 
     def _untuned(self, device: Device, dkey: str, problem: Problem, pkey: str,
                   use_model: bool = True) -> Lookup:
         got = as_answer(self.model(problem, device)) if use_model else None
         if got is not None and applicable(problem, got.strategy.to_dict()) is not None:
-            return Lookup(strategy=got.strategy.to_dict(), strategy_key=got.strategy.key, source="model",
-                          speedup=got.speedup, confidence=got.confidence, problem_key=pkey,
-                          device_key=dkey)
+            return lookup_of(Answer(got.strategy, "model", got.speedup, got.confidence, None, None, pkey, dkey))
         return _default(dkey, pkey)
 
     def _start(self, device: Device, problems: Sequence[Problem], known: Keys | None = None

@@ -54,7 +54,10 @@ class LookupBatchRequest(BaseModel):
 
 
 class Lookup(BaseModel):
-    """The strategy to use for one problem on one device, and the evidence behind it.
+    """The strategy to use for one problem on one device, and the evidence behind it: the wire
+    schema (OpenAPI) of :class:`autotuner.answer.Answer`, whose fields it carries by the same
+    names (but its ``origin``; its strategy as JSON, with ``strategy_key``). The lookup route
+    builds it from an Answer (``service.lookups.lookup_of``); the client reads it back as one.
 
     ``source``: ``tuned`` (this exact problem was measured on this device), ``nearest``
     (the winner of the closest tuned shape of the same pattern, dtype and mesh size on this
