@@ -53,7 +53,7 @@ import os
 import threading
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -62,11 +62,17 @@ import httpx
 from autotuner import rule, snapshot
 from autotuner.answer import KEY_RE, Answer
 from autotuner.device import Device
-from autotuner.errors import AutotunerError
 from autotuner.files import write_atomic
 from autotuner.problem import GroupedProblem, Problem, problem_from_dict
 from autotuner.runtime.answers import DiskCache as _DiskCache
 from autotuner.runtime.answers import session_answer, snapshot_answers
+from autotuner.runtime.transport import (
+    ClientError,
+    _decode,
+    _NotNow,
+    _Refused,
+    _send,
+)
 
 __all__ = ["KEY_RE", "Client", "ClientError", "default_client", "load_snapshot", "session_answer"]
 
@@ -86,87 +92,6 @@ BATCH = 500  # problems per POST /v1/lookup/batch (the service accepts up to AUT
 # otherwise stall the compile waiting for it without end.
 DEFAULT_TIMEOUT = 10.0
 CONNECT_TIMEOUT = 3.0
-MAX_ANSWER_BYTES = 32 * 2**20   # a lookup's or evidence's answer: BATCH answers are well under 1 MiB
-MAX_RETRY_AFTER = 3600.0        # the longest Retry-After (408/429/503) honoured, in seconds
-TRANSIENT = (408, 429, 503)     # a proxy's or a busy service's "not now": asked again after Retry-After
-
-
-class ClientError(AutotunerError, RuntimeError):
-    """A failed request to the service, or an unusable snapshot file."""
-
-
-class _Refused(ClientError):
-    """The service answered 4xx: asking again will not help."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-class _NotNow(ClientError):
-    """408, 429 or 503: the service (or a proxy before it) is busy; ask again after ``retry_after``
-    seconds (its Retry-After header, where it sent one)."""
-
-    def __init__(self, message: str, retry_after: float | None) -> None:
-        super().__init__(message)
-        self.retry_after = retry_after
-
-
-def _retry_after(value: str | None) -> float | None:
-    """A Retry-After header's seconds (delta-seconds or an HTTP date), capped; None if absent or
-    unreadable."""
-    if not value:
-        return None
-    try:
-        secs = float(value)
-    except ValueError:
-        from email.utils import parsedate_to_datetime
-
-        try:
-            secs = parsedate_to_datetime(value).timestamp() - time.time()
-        except (TypeError, ValueError, IndexError, OverflowError):
-            return None
-    return min(max(0.0, secs), MAX_RETRY_AFTER) if secs == secs else None
-
-
-@dataclass(frozen=True)
-class _Reply:
-    """A whole answer: its status, headers and (decoded) body."""
-
-    status_code: int
-    headers: httpx.Headers
-    content: bytes
-
-    @property
-    def text(self) -> str:
-        return self.content.decode("utf-8", "replace")
-
-
-def _send(http: httpx.Client, method: str, path: str, deadline_s: float, **kw: Any) -> _Reply:
-    """One request whose answer is read whole within `deadline_s` seconds in all and holds at
-    most MAX_ANSWER_BYTES (ClientError otherwise); a 408, 429 or 503 raises `_NotNow`."""
-    start = time.monotonic()
-    with http.stream(method, path, **kw) as resp:
-        if resp.status_code in TRANSIENT:
-            raise _NotNow(f"{method} {path} answered {resp.status_code}",
-                          _retry_after(resp.headers.get("retry-after")))
-        body = bytearray()
-        for part in resp.iter_bytes():   # decoded: the cap holds for a compressed answer too
-            body += part
-            if len(body) > MAX_ANSWER_BYTES:
-                raise ClientError(f"{method} {path}: the answer is larger than {MAX_ANSWER_BYTES} bytes")
-            if time.monotonic() - start > deadline_s:
-                raise ClientError(f"{method} {path}: no whole answer within {deadline_s:g} s")
-    return _Reply(resp.status_code, resp.headers, bytes(body))
-
-
-def _decode(content: bytes, where: str) -> Any:
-    """The JSON ``content`` holds; ClientError for invalid UTF-8 (UnicodeDecodeError, a
-    ValueError) or JSON, or nesting deeper than the parser recurses (RecursionError)."""
-    try:
-        return json.loads(content)
-    except (ValueError, RecursionError) as e:
-        raise ClientError(f"{where}: the answer is not JSON ({type(e).__name__}: {str(e)[:100]})") from None
 
 
 def load_snapshot(path: str | os.PathLike[str]) -> dict[tuple[str, str], Answer]:

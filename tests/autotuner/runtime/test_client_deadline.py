@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from autotuner import Strategy
-from autotuner.runtime import client as C
+from autotuner.runtime import transport as C
 from autotuner.runtime.client import Client
 from service.testing import RING
 
