@@ -111,7 +111,8 @@ def test_the_bound_costs_at_most_one_more_compile(step: Any) -> None:
 def test_the_prediction_sheds_rings_before_the_compile() -> None:
     """Rings whose charges pass the budget are shed before anything compiles, least saving per
     byte first; a ring's charge is its largest array less the gathered operand plain jit holds
-    (nothing for a result no larger than that), and kept gathers are left to the compiled step."""
+    (nothing for a result no larger than that), and kept gathers are left to the compiled step;
+    charges past the plain step's whole temp memory are left to the compiled step too."""
     from autotuner.overlap.apply import Action
     from autotuner.problem import Problem
 
@@ -127,7 +128,9 @@ def test_the_prediction_sheds_rings_before_the_compile() -> None:
     why = M.fit(acts, {"a": 1.2, "b": 1.5, "c": 1.1}, 1000 * kib, 0.05)
     assert set(why) == {"c"} and set(acts) == {"a", "b"} and acts["a"].keep, why
     assert "this ring may add up to 0.50 MiB" in why["c"]
-    assert set(M.fit(acts, {}, 0, 0.05)) == {"b"} and acts["a"].keep   # a's charge is nothing
+    # charges past the plain step's whole temp memory (here 200 KiB) are not believed: nothing shed
+    assert M.fit(acts, {}, 10 * kib, 0.05) == {} and set(acts) == {"a", "b"}
+    assert set(M.fit(acts, {}, 100 * kib, 0.05)) == {"b"} and acts["a"].keep   # a's charge is nothing
 
 
 def test_a_missed_prediction_runs_the_whole_step_as_plain_jit(step: Any, monkeypatch: pytest.MonkeyPatch) -> None:
