@@ -12,8 +12,9 @@ most one more compile than the unbounded plan:
    collective materializes there (`ring_bytes`), and rings are shed, least predicted saving per
    byte first, until the charges fit. Kept gathers are not charged: plain jit may hold the same
    value for its weight gradient (at the README's bench size, keeping them shrinks the step).
-   Charges that add up past the plain step's whole temp memory are not believed (the arrays are
-   then the step's inputs, its parameters on a toy-sized step, which temp memory does not hold).
+   Where one ring is charged more than the plain step's whole temp memory, no charge is believed
+   (that array is one of the step's inputs, a parameter on a toy-sized step, which temp memory
+   does not hold).
 2. The compiled step is checked. Past the bound, `cover` sheds once more, kept gathers first
    (largest first; a forced ring then runs without keeping, an `auto` one, whose keep is what
    pays, stays baseline), then rings, each taken to account for the measured growth in
@@ -160,10 +161,10 @@ def fit(actions: dict[str, Any], speedups: dict[str, float | None], budget: int,
     operand) depends on its schedule, so only the compiled step says (`cover`)."""
     units, why = _units(actions), {}
     total = sum(ring_bytes(a.problem) for a in units.values())
-    if total > budget / bound:
-        # charges past the plain step's whole temp memory: the rings' largest arrays are then the
-        # step's own inputs (its parameters, on a toy-sized step), which temp memory does not hold;
-        # such a prediction says nothing, and the compiled step decides (`cover`)
+    if any(ring_bytes(a.problem) > budget / bound for a in units.values()):
+        # a ring charged more than the plain step's whole temp memory: its largest array is then
+        # one of the step's inputs (a parameter, on a toy-sized step), which temp memory does not
+        # hold; such charges say nothing, and the compiled step decides (`cover`)
         return why
     for unit, keep_only in _steps(units, speedups):
         if total <= budget:

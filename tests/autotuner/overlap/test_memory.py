@@ -112,7 +112,7 @@ def test_the_prediction_sheds_rings_before_the_compile() -> None:
     """Rings whose charges pass the budget are shed before anything compiles, least saving per
     byte first; a ring's charge is its largest array less the gathered operand plain jit holds
     (nothing for a result no larger than that), and kept gathers are left to the compiled step;
-    charges past the plain step's whole temp memory are left to the compiled step too."""
+    where one ring's charge passes the plain step's whole temp memory, the compiled step decides."""
     from autotuner.overlap.apply import Action
     from autotuner.problem import Problem
 
@@ -128,7 +128,8 @@ def test_the_prediction_sheds_rings_before_the_compile() -> None:
     why = M.fit(acts, {"a": 1.2, "b": 1.5, "c": 1.1}, 1000 * kib, 0.05)
     assert set(why) == {"c"} and set(acts) == {"a", "b"} and acts["a"].keep, why
     assert "this ring may add up to 0.50 MiB" in why["c"]
-    # charges past the plain step's whole temp memory (here 200 KiB) are not believed: nothing shed
+    # a ring charged more than the plain step's whole temp memory (here 200 KiB): no charge is
+    # believed, nothing shed
     assert M.fit(acts, {}, 10 * kib, 0.05) == {} and set(acts) == {"a", "b"}
     assert set(M.fit(acts, {}, 100 * kib, 0.05)) == {"b"} and acts["a"].keep   # a's charge is nothing
 
