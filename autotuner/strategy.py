@@ -151,6 +151,28 @@ class Strategy:
                 raise StrategyError(ring[0], f"applies to method 'ring' only, not {d['method']!r}")
         return cls(**d)
 
+    @classmethod
+    def from_key(cls, key: str) -> Strategy:
+        """The strategy a `key` names (`Strategy.from_key(s.key) == s`): `baseline`, `plain`,
+        `xla_windowed[-ms]`, or `METHOD-DIRECTION-cCHUNKS-uUNROLL-FUSE-send|comp` for a ring or its
+        `serial` control; StrategyError for anything else."""
+        if key in ("baseline", "plain"):
+            return cls(key)
+        if key in ("xla_windowed", "xla_windowed-ms"):
+            return cls("xla_windowed", multi_stream=key.endswith("-ms"))
+        parts = str(key).split("-")
+        if (len(parts) != 6 or parts[0] not in ("ring", "serial") or not parts[2].startswith("c")
+                or not parts[3].startswith("u") or parts[5] not in ("send", "comp")):
+            raise StrategyError("key", f"{key!r} is not a strategy key: expected baseline, plain, xla_windowed, "
+                                       "or a ring's, such as ring-uni-c2-u1-loop-send")
+        unroll, chunks = parts[3][1:], parts[2][1:]
+        try:
+            return cls.from_dict({"method": parts[0], "direction": parts[1], "chunks": int(chunks),
+                                  "unroll": unroll if unroll == "full" else int(unroll), "fuse": parts[4],
+                                  "send_first": parts[5] == "send"})
+        except (TypeError, ValueError) as e:
+            raise StrategyError("key", f"{key!r} is not a strategy key ({e})") from None
+
     @property
     def key(self) -> str:
         """Short stable name, e.g. `baseline`, `ring-bidi-c2-u1-loop-send` or `xla_windowed-ms`."""

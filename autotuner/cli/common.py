@@ -21,6 +21,26 @@ db_app = typer.Typer(no_args_is_help=True, help="Manage the results database.")
 app.add_typer(db_app, name="db")
 
 
+def _version(value: bool) -> None:
+    if value:
+        import importlib.metadata as md
+
+        import jax
+
+        try:
+            mine = md.version("overlap-autotuner")
+        except md.PackageNotFoundError:
+            mine = "unknown (not installed)"
+        typer.echo(f"overlap-autotuner {mine} (jax {jax.__version__})")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print the version (and JAX's) and exit.")) -> None:
+    """Pick, per sharded einsum and device, the fastest collective/einsum overlap."""
+
+
 def fmt(x: float | None, spec: str) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 

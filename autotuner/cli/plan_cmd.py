@@ -62,25 +62,9 @@ def strategy_arg(text: str) -> Any:
     if text in ("auto", "baseline"):
         return text
     try:
-        return Strategy.from_dict(json.loads(text) if text.lstrip().startswith("{") else _key_dict(text))
+        return Strategy.from_dict(json.loads(text)) if text.lstrip().startswith("{") else Strategy.from_key(text)
     except (StrategyError, ValueError) as e:
         fail(f"--strategy {text!r}: {e}")
-
-
-def _key_dict(key: str) -> dict[str, Any]:
-    """A strategy key (`Strategy.key`) as its dict."""
-    if key == "plain":
-        return {"method": "plain"}
-    if key in ("xla_windowed", "xla_windowed-ms"):
-        return {"method": "xla_windowed", "multi_stream": key.endswith("-ms")}
-    parts = key.split("-")
-    if (len(parts) != 6 or parts[0] != "ring" or not parts[2].startswith("c") or not parts[3].startswith("u")
-            or parts[5] not in ("send", "comp")):
-        raise ValueError("expected auto, baseline, plain, a key such as ring-uni-c2-u1-loop-send, or a JSON object")
-    unroll = parts[3][1:]
-    return {"method": "ring", "direction": parts[1], "chunks": int(parts[2][1:]),
-            "unroll": unroll if unroll == "full" else int(unroll), "fuse": parts[4],
-            "send_first": parts[5] == "send"}
 
 
 @app.command("plan", help=HELP)

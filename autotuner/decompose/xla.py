@@ -56,6 +56,14 @@ def compiler_options(strategy: Strategy, platform: str) -> dict[str, Any]:
     return opts
 
 
+def flags(strategy: Strategy, platform: str) -> str:
+    """The environment setting that compiles a whole program with `strategy`'s options on
+    `platform`: LIBTPU_INIT_ARGS on TPU, XLA_FLAGS on GPU (set before JAX starts)."""
+    opts = compiler_options(strategy, platform)
+    text = " ".join(f"--{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in opts.items())
+    return f"{'LIBTPU_INIT_ARGS' if platform == 'tpu' else 'XLA_FLAGS'}='{text}'"
+
+
 def plain_einsum(problem: Problem, mesh: Mesh) -> Callable[[jax.Array, jax.Array], jax.Array]:
     """The einsum with the problem's shardings, partitioned by GSPMD (no shard_map)."""
     check_mesh(problem, mesh)

@@ -42,11 +42,14 @@ def _relayout(p: Problem, info: DotInfo) -> str | None:
     return None
 
 
-def _valid(problem: Problem | GroupedProblem, s: Strategy) -> str | None:
+def _valid(problem: Problem | GroupedProblem, s: Strategy, platform: str | None = None) -> str | None:
     from autotuner.decompose import check_valid
+    from autotuner.decompose.xla import PLATFORMS, flags
 
     if s.method == "xla_windowed":
-        return "xla_windowed is a whole-program compile option, not a per-pair rewrite"
+        how = (f"compile the step with {flags(s, platform)} for XLA's own decomposition" if platform in PLATFORMS
+               else f"XLA:{(platform or 'this backend').upper()} has no windowed einsum")
+        return f"{s.key} is a whole-program compile option, not a per-pair rewrite: {how}"
     try:
         check_valid(problem, s)
     except StrategyError as e:
@@ -62,7 +65,8 @@ def applies(s: Strategy, leave: Strategy) -> bool:
 
 
 def _decide(mode: str, chosen: Any, client: Any, site: Site, evidence: dict[str, Any] | None = None,
-            leave: Strategy = BASELINE) -> tuple[Strategy, str, float | None, str, bool, Answer | None]:
+            leave: Strategy = BASELINE, platform: str | None = None
+            ) -> tuple[Strategy, str, float | None, str, bool, Answer | None]:
     """(strategy, source, predicted speedup, note, keep, answer) for one site's unit (its group,
     or its pair); keep: the gathered value has other users, which the ring's kept copy serves;
     answer: the decision table's answer `auto` chose from (None for the other modes and for
@@ -99,7 +103,7 @@ def _decide(mode: str, chosen: Any, client: Any, site: Site, evidence: dict[str,
         elif s != leave:
             s = leave   # a default answer (the baseline): the pair stays as the user wrote it
     if s != leave:
-        why = _valid(p, s)
+        why = _valid(p, s, platform)
         if why is not None:
             s, note = leave, why
     keep = False
@@ -132,10 +136,11 @@ def in_program_note(ev: dict[str, Any]) -> str:
 
 
 def choose(mode: str, chosen: Any, client: Any, sites: list[Site | None], rows: list[PlanRow],
-           evidence: dict[str, Any] | None = None, leave: Strategy = BASELINE
+           evidence: dict[str, Any] | None = None, leave: Strategy = BASELINE, platform: str | None = None
            ) -> tuple[dict[str, Action], list[PlanRow]]:
     """({tag: Action} to apply, the rows with their choices). The dots of a group get one choice,
-    made for their GroupedProblem. `evidence`, `leave`: see `_decide`."""
+    made for their GroupedProblem. `evidence`, `leave`: see `_decide`; `platform`: the mesh's, whose
+    flags an xla_windowed choice's note names."""
     actions: dict[str, Action] = {}
     out = []
     made: dict[tuple[str, ...], tuple[Strategy, str, float | None, str, bool, Answer | None]] = {}
@@ -158,7 +163,7 @@ def choose(mode: str, chosen: Any, client: Any, sites: list[Site | None], rows: 
                           f"served by the gathered value that the ring of {first[1]} keeps", False, None)
             served_by[unit] = first[1]
         if unit not in made:
-            made[unit] = _decide(mode, chosen, client, site, evidence, leave)
+            made[unit] = _decide(mode, chosen, client, site, evidence, leave, platform)
             if site.collective and site.collective not in owner and made[unit][0].rewrites:
                 owner[site.collective] = (unit, row.name)
         s, source, speedup, note, keep, answer = made[unit]

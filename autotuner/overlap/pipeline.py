@@ -167,7 +167,7 @@ class Build:
         self.tune_missing(found)
         with self.cost.timing("reading"):
             actions, rows = choose(self.ov.mode, self.ov.chosen, self.ov.client, found.sites, found.rows,
-                                   self.evidence, reference(self.platform))
+                                   self.evidence, reference(self.platform), self.platform)
         if self.injob is not None:
             rows = self.injob.mark(found.sites, rows)
         tags = [s.tag if s else None for s in found.sites]
