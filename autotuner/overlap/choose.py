@@ -65,7 +65,7 @@ def applies(s: Strategy, leave: Strategy) -> bool:
 
 
 def _decide(mode: str, chosen: Any, client: Any, site: Site, evidence: dict[str, Any] | None = None,
-            leave: Strategy = BASELINE, platform: str | None = None
+            leave: Strategy = BASELINE, platform: str | None = None, shared: bool = True
             ) -> tuple[Strategy, str, float | None, str, bool, Answer | None]:
     """(strategy, source, predicted speedup, note, keep, answer) for one site's unit (its group,
     or its pair); keep: the gathered value has other users, which the ring's kept copy serves;
@@ -91,7 +91,7 @@ def _decide(mode: str, chosen: Any, client: Any, site: Site, evidence: dict[str,
         if isinstance(s, str):
             s, note = leave, s
     else:
-        d = decisions_for(client).decide(p, client)
+        d = decisions_for(client).decide(p, client, shared)
         s, source, speedup = d.strategy, d.source, d.speedup
         ci = d.confidence
         if s != leave and (s.rewrites or source in EXACT_SOURCES or not s.is_baseline):
@@ -136,11 +136,12 @@ def in_program_note(ev: dict[str, Any]) -> str:
 
 
 def choose(mode: str, chosen: Any, client: Any, sites: list[Site | None], rows: list[PlanRow],
-           evidence: dict[str, Any] | None = None, leave: Strategy = BASELINE, platform: str | None = None
-           ) -> tuple[dict[str, Action], list[PlanRow]]:
+           evidence: dict[str, Any] | None = None, leave: Strategy = BASELINE, platform: str | None = None,
+           shared: bool = True) -> tuple[dict[str, Action], list[PlanRow]]:
     """({tag: Action} to apply, the rows with their choices). The dots of a group get one choice,
     made for their GroupedProblem. `evidence`, `leave`: see `_decide`; `platform`: the mesh's, whose
-    flags an xla_windowed choice's note names."""
+    flags an xla_windowed choice's note names; `shared=False`: an auto lookup is this process's own
+    (in a multi-process job the pass agrees on the whole plan instead, `overlap.agree`)."""
     actions: dict[str, Action] = {}
     out = []
     made: dict[tuple[str, ...], tuple[Strategy, str, float | None, str, bool, Answer | None]] = {}
@@ -163,7 +164,7 @@ def choose(mode: str, chosen: Any, client: Any, sites: list[Site | None], rows: 
                           f"served by the gathered value that the ring of {first[1]} keeps", False, None)
             served_by[unit] = first[1]
         if unit not in made:
-            made[unit] = _decide(mode, chosen, client, site, evidence, leave, platform)
+            made[unit] = _decide(mode, chosen, client, site, evidence, leave, platform, shared)
             if site.collective and site.collective not in owner and made[unit][0].rewrites:
                 owner[site.collective] = (unit, row.name)
         s, source, speedup, note, keep, answer = made[unit]

@@ -18,7 +18,9 @@ import logging
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from autotuner.overlap import agree
 from autotuner.overlap.plan import Cost, Memory, Plan, PlanRow, numbered, program_key
+from autotuner.strategy import Strategy
 
 log = logging.getLogger("autotuner.overlap")
 MAX_ROUNDS = 3   # analyses of an Auto-layout program (each compiles it once)
@@ -79,21 +81,35 @@ class Build:
         # output, so not where the caller fixed the outputs' shardings)
         self.stops = stops_here(self.platform) and self.ov.jit_kwargs.get("out_shardings") is None
         self.injob = InJob(self.ov.client, self.mesh, self.ov.tune_budget_s) if self.ov.tune == "missing" else None
+        self.rank, self.count = agree.processes()
+        self.job_key = agree.next_job_key() if self.count > 1 else ""   # "": a one-process job
+        self.stage = 0                # the plans process 0 has published (or this process received)
+        self.sites: dict[str, Any] = {}   # tag -> its Site (what another process's plan names)
 
     # -- the pipeline -----------------------------------------------------------------------------
     def run(self) -> Prepared:
         try:
-            self.analyse()
-            self.fit_memory()
-            plain_temp = self.plain_memory()
-            if not self.actions:   # nothing to rewrite: exactly plain jit (compiled on the first call)
-                owners = {r.name for t, r in self.found if t in self.shed}
-                rows = [self.final_row(t, r, self.shed, owners) for t, r in self.found] if self.shed else self.rows()
-                return Prepared(self.plain, self._plan(rows, Memory(plain_temp, plain_temp, self.ov.memory)))
-            self.rewrite()
-            return self.report(self.check_memory(plain_temp))
+            prepared = self.prepare()
         except Fallback as f:
-            return f.prepared
+            if self.job_key and self.rank == 0:   # whoever waits for this plan runs plain jit too
+                why = next((r.note for r in f.prepared.plan if r.note), "") or "; ".join(f.prepared.plan.notes[-1:])
+                try:
+                    agree.publish(f"{self.job_key}/plan/{self.stage}", {"plain": [why]})
+                except Exception as e:  # noqa: BLE001 - the others then time out, and run plain jit too
+                    log.warning("overlap: process 0 could not publish its fallback (%s: %s)", type(e).__name__, e)
+            prepared = f.prepared
+        return self.together(prepared)
+
+    def prepare(self) -> Prepared:
+        """The stages, on this process."""
+        self.analyse()
+        plain_temp = self.plain_memory()
+        if not self.actions:   # nothing to rewrite: exactly plain jit (compiled on the first call)
+            owners = {r.name for t, r in self.found if t in self.shed}
+            rows = [self.final_row(t, r, self.shed, owners) for t, r in self.found] if self.shed else self.rows()
+            return Prepared(self.plain, self._plan(rows, Memory(plain_temp, plain_temp, self.ov.memory)))
+        self.rewrite()
+        return self.report(self.check_memory(plain_temp))
 
     def rows(self) -> list[PlanRow]:
         return [r for _t, r in self.found]
@@ -111,11 +127,71 @@ class Build:
     # -- analyse ----------------------------------------------------------------------------------
     def analyse(self) -> None:
         for n in range(self.rounds):
-            if n:
-                self.fit_memory()   # before the compile: the memory bound costs none
             found = self.compile_round(n)
-            if found is None or not self.choose(n, found):
+            more = found is not None and self.choose(n, found)
+            self.fit_memory()   # before the compile: the memory bound costs none
+            if not self.agree(more):
                 break
+
+    # -- agree across processes -------------------------------------------------------------------
+    def agree(self, more: bool) -> bool:
+        """In a multi-process job, process 0's plan: it publishes its actions and rows, every other
+        process applies them (`overlap.agree`); whether to analyse another round, as process 0 says."""
+        if not self.job_key:
+            return more
+        name, self.stage = f"{self.job_key}/plan/{self.stage}", self.stage + 1
+        if self.rank == 0:
+            try:
+                agree.publish(name, {"more": more, "shed": self.shed, "rows": [_row_doc(r) for _t, r in self.found],
+                                     "actions": {t: [a.strategy.to_dict(), a.keep, a.strict]
+                                                 for t, a in self.actions.items()}})
+            except Exception as e:  # noqa: BLE001 - no key-value store: plain jit (the others time out)
+                raise self.fall_back(f"process 0 could not publish its plan ({type(e).__name__}: {e})") from None
+            return more
+        try:
+            doc = agree.receive(name, "plan from process 0")
+            if "plain" in doc:
+                raise agree.AgreeError(f"process 0 runs plain jit ({'; '.join(doc['plain']) or 'it fell back'})")
+            self.adopt(doc)
+        except (agree.AgreeError, KeyError, TypeError, ValueError) as e:
+            raise self.fall_back(f"the job's processes could not agree on a plan: {e}") from None
+        return bool(doc["more"])
+
+    def adopt(self, doc: dict[str, Any]) -> None:
+        """Process 0's plan as this process's: its actions (on this process's sites) and rows."""
+        from autotuner.overlap.apply import Action
+
+        rows = doc["rows"]
+        if len(rows) != len(self.found):
+            raise agree.AgreeError(f"process 0 found {len(rows)} pairs, this process {len(self.found)}")
+        self.found = [(t, _row_of(r, d)) for (t, r), d in zip(self.found, rows, strict=True)]
+        actions = {}
+        for tag, (strategy, keep, strict) in doc["actions"].items():
+            site = self.sites.get(tag)
+            if site is None:
+                raise agree.AgreeError(f"process 0 rewrites a dot ({tag}) this process did not find")
+            actions[tag] = Action(site.unit, Strategy.from_dict(strategy), site.tags, keep=keep, strict=strict)
+        self.actions, self.shed = actions, dict(doc["shed"])
+
+    def together(self, prepared: Prepared) -> Prepared:
+        """Every process's digest of what it runs, compared: all equal, or every process plain."""
+        if not self.job_key:
+            return prepared
+        plan, plain = prepared.plan, prepared.call is self.plain
+        mine = agree.digest(plan, plain)
+        try:
+            why = agree.everyone(self.job_key, mine, self.rank, self.count)
+        except Exception as e:  # noqa: BLE001 - no key-value store: nobody can say they agree
+            why = f"{type(e).__name__}: {e}"
+        if why is None:
+            note = f"the job's {self.count} processes run one plan (digest {mine})"
+            return Prepared(prepared.call, Plan(list(plan), plan.notes + [note], plan.memory, plan.program,
+                                                plan.cost), prepared.jitted)
+        text = f"the job's processes do not run one plan ({why}): every process runs plain jit"
+        log.warning("overlap: process %d: %s", self.rank, text)
+        rows = [r.unapplied(text) if r.applied else replace(r, served_by="") for r in plan]
+        return Prepared(self.plain, Plan(rows, plan.notes + [text], Memory(plan.memory.plain_bytes,
+                                         plan.memory.plain_bytes, plan.memory.bound), plan.program, plan.cost))
 
     def compile_round(self, n: int) -> Any:
         """Round n's program compiled, and the pairs found in it (None: nothing to read)."""
@@ -165,9 +241,11 @@ class Build:
             with self.cost.timing("reading"):
                 self.evidence = _evidence(self.ov.client, self.program) if self.ov.mode == "auto" else {}
         self.tune_missing(found)
+        self.sites.update((site.tag, site) for site in found.sites if site is not None)
         with self.cost.timing("reading"):
             actions, rows = choose(self.ov.mode, self.ov.chosen, self.ov.client, found.sites, found.rows,
-                                   self.evidence, reference(self.platform), self.platform)
+                                   self.evidence, reference(self.platform), self.platform,
+                                   shared=not self.job_key)
         if self.injob is not None:
             rows = self.injob.mark(found.sites, rows)
         tags = [s.tag if s else None for s in found.sites]
@@ -317,6 +395,16 @@ class Build:
                 f"equations {span[0]}-{span[1]} of its jaxpr's {span[2]}" if n_kept and span else
                 "; no later equation of its jaxpr takes it, so it is not passed on"))
         return r
+
+
+def _row_doc(r: PlanRow) -> list[Any]:
+    return [r.strategy.to_dict(), r.source, r.speedup, r.note, r.served_by]
+
+
+def _row_of(r: PlanRow, d: list[Any]) -> PlanRow:
+    """This process's row as process 0 chose it (`_row_doc`)."""
+    return replace(r, strategy=Strategy.from_dict(d[0]), source=str(d[1]),
+                   speedup=None if d[2] is None else float(d[2]), note=str(d[3]), served_by=str(d[4]))
 
 
 def _evidence(client: Any, program: str) -> dict[str, Any]:

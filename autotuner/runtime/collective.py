@@ -77,15 +77,19 @@ class DecisionTable:
         with self._lock:
             self._decisions[decision.problem_key] = decision
 
-    def decide(self, problem: Problem, client: Any) -> Answer:
+    def decide(self, problem: Problem, client: Any, shared: bool = True) -> Answer:
         """The remembered decision for `problem`, else a new one: looked up (process 0) and
-        shared through the distributed key-value store (the other processes)."""
+        shared through the distributed key-value store (the other processes). `shared=False`:
+        a new one is this process's own lookup, neither shared nor remembered (the compiler pass
+        agrees on its whole plan instead: `overlap.agree`)."""
         import jax
 
         key = problem.key
         hit = self._decisions.get(key)
         if hit is not None:
             return hit
+        if not shared:
+            return _local_decision(problem, client)
         with self._lock:
             hit = self._decisions.get(key)
             if hit is not None:

@@ -1,0 +1,113 @@
+"""One plan on every rank (issue 39): a real 2-process job (jax.distributed on loopback, gloo, one
+CPU device each) whose processes see different things ends with both running the same program
+(their digests equal) or both plain jit, within the test's bound, and with plain jit's result.
+
+- `client0`: only process 0 has a client (an offline snapshot with a confident ring winner and
+  in-program evidence for the step, as `tune-model` stores it); before the plan was agreed,
+  process 0 took the evidence and process 1 waited for a per-problem decision process 0 never
+  published (the job hung).
+- `dead1`: process 1's client is a service that does not answer (a closed port).
+- `fail1`: process 1's analysis raises: it runs plain jit, and so must process 0.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from autotuner.testing import outputs_of
+from service.testing import free_port
+
+WORKER = textwrap.dedent("""
+    import json, sys
+    pid, port, mode, tmp = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
+    import jax
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(f"127.0.0.1:{port}", 2, pid)
+    import jax.numpy as jnp
+    import numpy as np
+    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+    from autotuner import Device, Strategy
+    from autotuner.overlap import overlap
+    from autotuner.runtime.client import Client
+
+    mesh = jax.make_mesh((2,), ("x",), axis_types=(AxisType.Explicit,))
+    A = (np.arange(16 * 8, dtype=np.float32).reshape(16, 8) % 7) / 7
+    B = (np.arange(8 * 12, dtype=np.float32).reshape(8, 12) % 5) / 5
+    a = jax.make_array_from_callback(A.shape, NamedSharding(mesh, P("x", None)), lambda i: A[i])
+    b = jax.make_array_from_callback(B.shape, NamedSharding(mesh, P(None, None)), lambda i: B[i])
+
+    def f(x, y):
+        x = jax.reshard(x, NamedSharding(mesh, P(None, None)))
+        return jnp.einsum("ij,jk->ik", x, y, out_sharding=NamedSharding(mesh, P(None, None)))
+
+    client = None
+    base = overlap(f, strategy="baseline").plan(a, b)   # every process prepares the same programs
+    key, dkey = base[0].key, Device.current().key
+    if pid == 0:   # a snapshot naming a confident ring winner for the pair, and step evidence for it
+        ring = Strategy("ring", "uni", 1, "full", "loop", True)
+        doc = {"format": "autotuner-snapshot", "version": 1, "entries": [
+            {"problem_key": key, "device_key": dkey, "strategy": ring.to_dict(), "speedup": 1.3,
+             "confidence": [1.2, 1.4], "record_id": 1, "measured_at": None, "trials": 10}],
+            "evidence": [{"device_key": dkey, "program_key": base.program, "problem_key": key,
+                          "strategy": ring.to_dict(), "previous": {"method": "baseline"}, "speedup": 1.2,
+                          "confidence": [1.1, 1.3]}]}
+        path = f"{tmp}/snapshot.json"
+        with open(path, "w") as fh:
+            json.dump(doc, fh)
+        client = Client(offline=path)
+    elif mode == "dead1":
+        client = Client(sys.argv[5], timeout=2.0)
+    elif mode == "fail1":
+        import autotuner.hlo.compile as hc
+        def broken(*a, **k):
+            raise RuntimeError("injected: this rank's analysis fails")
+        hc.partitioned_texts = broken
+    plan = overlap(f, memory=None, client=client).plan(a, b)
+    result = np.asarray(overlap(f, memory=None, client=client)(a, b).addressable_shards[0].data)
+    with open(f"{tmp}/out{pid}.json", "w") as fh:
+        json.dump({"rows": [[r.strategy.key, r.applied, r.source] for r in plan], "notes": plan.notes, "why": [r.note for r in plan],
+                   "error": float(np.abs(result - A @ B).max())}, fh)
+    jax.distributed.shutdown()
+""")
+
+
+def _job(tmp_path: Path, mode: str) -> tuple[dict, dict]:   # type: ignore[type-arg]
+    script = tmp_path / "worker.py"
+    script.write_text(WORKER)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AUTOTUNER_SERVICE")}
+    env.update(XLA_FLAGS="", JAX_PLATFORMS="cpu", PYTHONPATH=str(Path(__file__).resolve().parents[3]))
+    port, dead = free_port(), f"http://127.0.0.1:{free_port()}"
+    procs = [subprocess.Popen([sys.executable, str(script), str(pid), str(port), mode, str(tmp_path), dead],
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for pid in (0, 1)]
+    outputs = outputs_of(procs, timeout=240)   # the bound: a hang fails here
+    assert all(p.returncode == 0 for p in procs), "\n---\n".join(outputs)
+    r0, r1 = (json.loads((tmp_path / f"out{pid}.json").read_text()) for pid in (0, 1))
+    assert r0["error"] < 1e-5 and r1["error"] < 1e-5, (r0, r1)   # plain jit's result
+    return r0, r1
+
+
+def _digest(r: dict) -> str | None:   # type: ignore[type-arg]
+    return next((n.split("digest ")[1].rstrip(")") for n in r["notes"] if "run one plan (digest" in n), None)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", ["client0", "dead1"])
+def test_process_0s_plan_runs_on_every_process(tmp_path: Path, mode: str) -> None:
+    r0, r1 = _job(tmp_path, mode)
+    assert r0["rows"] == [["ring-uni-c1-ufull-loop-send", True, "in-program"]], r0
+    assert [r[:2] for r in r1["rows"]] == [r[:2] for r in r0["rows"]], (r0, r1)
+    assert _digest(r0) is not None and _digest(r0) == _digest(r1), (r0["notes"], r1["notes"])
+
+
+@pytest.mark.slow
+def test_one_rank_failing_sends_every_rank_to_plain_jit(tmp_path: Path) -> None:
+    r0, r1 = _job(tmp_path, "fail1")
+    assert not any(applied for _k, applied, _s in r0["rows"] + r1["rows"]), (r0, r1)
+    assert any("do not run one plan" in n and "process 1 runs plain" in n for n in r0["notes"]), r0["notes"]
