@@ -61,8 +61,14 @@ def strategy_arg(text: str) -> Any:
 
     if text in ("auto", "baseline"):
         return text
+    if not text.lstrip().startswith("{"):
+        try:
+            return Strategy.from_key(text)
+        except StrategyError:
+            fail(f"--strategy {text!r}: expected auto, baseline, plain, a key such as ring-uni-c2-u1-loop-send, "
+                 "or a JSON object")
     try:
-        return Strategy.from_dict(json.loads(text)) if text.lstrip().startswith("{") else Strategy.from_key(text)
+        return Strategy.from_dict(json.loads(text))
     except (StrategyError, ValueError) as e:
         fail(f"--strategy {text!r}: {e}")
 
