@@ -1,7 +1,7 @@
 """One input signature's preparation, as the pass's stages in order (`Build.run`):
 
-    analyse (per round: compile -> find -> tune what is missing -> choose) -> rewrite
-      -> fit memory (before each compile) -> check memory -> report
+    analyse (per round: compile -> find -> tune what is missing -> choose -> fit memory
+      -> agree across processes) -> rewrite -> check memory -> report -> all processes together
 
 Round 1 analyses the program with every dot tagged: only its partitioned HLO is wanted, so the
 backend compiles it at its cheapest (or the texts come from the persistent cache). Each later
@@ -9,7 +9,8 @@ round compiles the rewritten program, the one that runs; with Auto layouts (whic
 choose differently around the rewritten dots) it is analysed too, for any new pairs. Explicit
 layouts are part of the types, which the rewrite keeps: no new pair can appear, so nothing is
 analysed there. The jaxpr is traced once for all rounds. Any stage that fails leaves the whole
-program plain jit (`Fallback`): never worse than plain jit.
+program plain jit (`Fallback`): never worse than plain jit. In a multi-process job process 0's
+plan is every process's, and all run it or all run plain jit (`overlap.agree`).
 """
 
 from __future__ import annotations
