@@ -7,12 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
-import os
-import subprocess
-import sys
-import textwrap
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -27,9 +22,10 @@ from autotuner.examples import transformer as T
 from autotuner.overlap import OverlapError, injob, overlap
 from autotuner.runtime.client import Client
 from autotuner.runtime.collective import DECISIONS, decisions
-from autotuner.testing import TOLERANCE, outputs_of, relative_error
+from autotuner.testing import TOLERANCE, relative_error
 from db import Database
-from service.testing import WRITE_TOKEN, free_port, live_server
+from service.testing import WRITE_TOKEN, live_server
+from tests.autotuner import two_processes
 
 
 def forward_program(seq: int = 16) -> tuple[Any, tuple[Any, Any]]:
@@ -200,25 +196,12 @@ def test_a_confident_measured_winner_is_applied(tmp_path, quick, monkeypatch):
     assert_close(ov(*args), jax.jit(forward)(*args))
 
 
-WORKER = textwrap.dedent("""
-    import json, sys
-    pid, port, url, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
-    import jax
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(f"127.0.0.1:{port}", 2, pid)
-    import jax.numpy as jnp
-    import numpy as np
-    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+WORKER = """
+    url, out = sys.argv[3], sys.argv[4]
     from autotuner import Device
     from autotuner.overlap import injob, overlap
     from autotuner.runtime.client import Client
     injob.REPS, injob.MAX_CANDIDATES = 3, 2
-
-    mesh = jax.make_mesh((2,), ("x",), axis_types=(AxisType.Explicit,))
-    A = (np.arange(16 * 8, dtype=np.float32).reshape(16, 8) % 7) / 7
-    B = (np.arange(8 * 12, dtype=np.float32).reshape(8, 12) % 5) / 5
-    a = jax.make_array_from_callback(A.shape, NamedSharding(mesh, P("x", None)), lambda i: A[i])
-    b = jax.make_array_from_callback(B.shape, NamedSharding(mesh, P(None, None)), lambda i: B[i])
 
     def f(x, y):
         x = jax.reshard(x, NamedSharding(mesh, P(None, None)))
@@ -233,23 +216,16 @@ WORKER = textwrap.dedent("""
                    "problem": plan[0].problem.to_dict(), "device": Device.current().to_dict(),
                    "error": float(np.abs(result - A @ B).max())}, fh)
     jax.distributed.shutdown()
-""")
+"""
+
 
 
 @pytest.mark.slow
 def test_two_processes_measure_in_lockstep_and_agree(server, tmp_path):
     """A 2-process job (one device each, gloo): process 0 plans, both measure the same strategies
     in lockstep, only process 0 reaches the service and uploads; both apply the same answer."""
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AUTOTUNER_SERVICE")}
-    env.update(XLA_FLAGS="", JAX_PLATFORMS="cpu", PYTHONPATH=str(Path(__file__).resolve().parents[3]))
-    port = free_port()
-    procs = [subprocess.Popen([sys.executable, str(script), str(pid), str(port), server if pid == 0 else "-",
-                               str(tmp_path / f"out{pid}.json"), WRITE_TOKEN], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for pid in (0, 1)]
-    outputs = outputs_of(procs, timeout=300)
-    assert all(p.returncode == 0 for p in procs), "\n---\n".join(outputs)
+    two_processes.run(tmp_path, WORKER, lambda pid: [server if pid == 0 else "-", str(tmp_path / f"out{pid}.json"),
+                                                     WRITE_TOKEN], timeout=300)
     r0, r1 = (json.loads((tmp_path / f"out{pid}.json").read_text()) for pid in (0, 1))
     assert len(r0["rows"]) == 1 and r0["rows"][0][1] == "in-job", r0
     assert [r[:3] for r in r0["rows"]] == [r[:3] for r in r1["rows"]]

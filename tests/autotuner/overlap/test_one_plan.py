@@ -13,35 +13,18 @@ CPU device each) whose processes see different things ends with both running the
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
-from autotuner.testing import outputs_of
 from service.testing import free_port
+from tests.autotuner import two_processes
 
-WORKER = textwrap.dedent("""
-    import json, sys
-    pid, port, mode, tmp = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
-    import jax
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(f"127.0.0.1:{port}", 2, pid)
-    import jax.numpy as jnp
-    import numpy as np
-    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+WORKER = """
+    mode, tmp = sys.argv[3], sys.argv[4]
     from autotuner import Device, Strategy
     from autotuner.overlap import overlap
     from autotuner.runtime.client import Client
-
-    mesh = jax.make_mesh((2,), ("x",), axis_types=(AxisType.Explicit,))
-    A = (np.arange(16 * 8, dtype=np.float32).reshape(16, 8) % 7) / 7
-    B = (np.arange(8 * 12, dtype=np.float32).reshape(8, 12) % 5) / 5
-    a = jax.make_array_from_callback(A.shape, NamedSharding(mesh, P("x", None)), lambda i: A[i])
-    b = jax.make_array_from_callback(B.shape, NamedSharding(mesh, P(None, None)), lambda i: B[i])
 
     def f(x, y):
         x = jax.reshard(x, NamedSharding(mesh, P(None, None)))
@@ -75,19 +58,12 @@ WORKER = textwrap.dedent("""
         json.dump({"rows": [[r.strategy.key, r.applied, r.source] for r in plan], "notes": plan.notes, "why": [r.note for r in plan],
                    "error": float(np.abs(result - A @ B).max())}, fh)
     jax.distributed.shutdown()
-""")
+"""
 
 
 def _job(tmp_path: Path, mode: str) -> tuple[dict, dict]:   # type: ignore[type-arg]
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AUTOTUNER_SERVICE")}
-    env.update(XLA_FLAGS="", JAX_PLATFORMS="cpu", PYTHONPATH=str(Path(__file__).resolve().parents[3]))
-    port, dead = free_port(), f"http://127.0.0.1:{free_port()}"
-    procs = [subprocess.Popen([sys.executable, str(script), str(pid), str(port), mode, str(tmp_path), dead],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for pid in (0, 1)]
-    outputs = outputs_of(procs, timeout=240)   # the bound: a hang fails here
-    assert all(p.returncode == 0 for p in procs), "\n---\n".join(outputs)
+    dead = f"http://127.0.0.1:{free_port()}"
+    two_processes.run(tmp_path, WORKER, lambda pid: [mode, str(tmp_path), dead], timeout=240)   # a hang fails here
     r0, r1 = (json.loads((tmp_path / f"out{pid}.json").read_text()) for pid in (0, 1))
     assert r0["error"] < 1e-5 and r1["error"] < 1e-5, (r0, r1)   # plain jit's result
     return r0, r1

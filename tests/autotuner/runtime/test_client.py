@@ -10,13 +10,8 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import subprocess
-import sys
-import textwrap
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -26,10 +21,10 @@ import pytest
 from autotuner import Device, Problem, Strategy
 from autotuner.answer import Answer
 from autotuner.runtime.client import Client, ClientError, load_snapshot
-from autotuner.testing import outputs_of
 from autotuner.tune import store
 from db import Database
 from service.testing import RING, free_port, live_server, measurements, problem
+from tests.autotuner import two_processes
 
 DEVICE = Device(platform="cpu", device_kind="cpu", num_devices=8, num_processes=1, topology="client-test",
                 jax_version="0.10.2", jaxlib_version="0.10.2")
@@ -325,23 +320,12 @@ def _two_shapes(client: Client, mesh: Any, a: Any, b: Any) -> Any:
     return out
 
 
-WORKER = textwrap.dedent("""
-    import json, sys
-    pid, port, url, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
-    import jax
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-    jax.distributed.initialize(f"127.0.0.1:{port}", 2, pid)
-    import numpy as np
-    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+WORKER = """
+    url, out = sys.argv[3], sys.argv[4]
     from autotuner import Device
     from autotuner.runtime.client import Client
     from autotuner.runtime.collective import collective_einsum, decisions
 
-    mesh = jax.make_mesh((2,), ("x",), axis_types=(AxisType.Explicit,))
-    A = (np.arange(16 * 8, dtype=np.float32).reshape(16, 8) % 7) / 7
-    B = (np.arange(8 * 12, dtype=np.float32).reshape(8, 12) % 5) / 5
-    a = jax.make_array_from_callback(A.shape, NamedSharding(mesh, P("x", None)), lambda i: A[i])
-    b = jax.make_array_from_callback(B.shape, NamedSharding(mesh, P(None, None)), lambda i: B[i])
     client = Client(url, timeout=10.0) if url != "-" else None   # only process 0 has the service
     f = jax.jit(lambda x, y: collective_einsum("ij,jk->ik", x, y, mesh=mesh, out_spec=P(None, None),
                                                client=client))
@@ -351,7 +335,7 @@ WORKER = textwrap.dedent("""
         json.dump({"pid": pid, "strategy": d.strategy.to_dict(), "source": d.source, "origin": d.origin,
                    "error": float(np.abs(result - A @ B).max()), "device": Device.current().to_dict()}, fh)
     jax.distributed.shutdown()
-""")
+"""
 
 
 @pytest.mark.slow
@@ -367,18 +351,9 @@ def test_two_processes_agree_when_only_process_0_reaches_the_service(tmp_path):
     database = Database(f"sqlite:///{tmp_path / 'autotuner.db'}")
     database.upgrade()
     store.save(database, device, problem2, _items(1.5))
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AUTOTUNER_SERVICE")}
-    env.update(XLA_FLAGS="", JAX_PLATFORMS="cpu", PYTHONPATH=str(Path(__file__).resolve().parents[3]))
-    port = free_port()
     with live_server(database.url) as url:
-        procs = [subprocess.Popen([sys.executable, str(script), str(pid), str(port), url if pid == 0 else "-",
-                                   str(tmp_path / f"out{pid}.json")], env=env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-                 for pid in (0, 1)]
-        outputs = outputs_of(procs, timeout=180)
-        assert all(p.returncode == 0 for p in procs), "\n---\n".join(outputs)
+        two_processes.run(tmp_path, WORKER, lambda pid: [url if pid == 0 else "-", str(tmp_path / f"out{pid}.json")],
+                          timeout=180)
     database.dispose()
     r0, r1 = (json.loads((tmp_path / f"out{pid}.json").read_text()) for pid in (0, 1))
     assert r0["device"] == device.to_dict(), r0["device"]
