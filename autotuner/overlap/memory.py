@@ -44,6 +44,16 @@ def check_bound(memory: Any) -> float | None:
     return float(memory)
 
 
+def _device_bytes(shape: tuple[int, ...], spec: tuple[tuple[str, ...], ...], mesh: dict[str, int],
+                  itemsize: int) -> int:
+    """Bytes per device of an array of `shape` laid out as `spec` on `mesh`."""
+    n = math.prod(shape)
+    for entry in spec:
+        for axis in entry:
+            n //= mesh[axis]
+    return n * itemsize
+
+
 def gathered_bytes(problem: Problem | GroupedProblem) -> int:
     """Bytes per device of an all-gather problem's gathered operand (what a kept gather holds);
     0 for a reduce-scatter."""
@@ -52,13 +62,8 @@ def gathered_bytes(problem: Problem | GroupedProblem) -> int:
     if pat.kind != "all_gather":
         return 0
     op = p.lhs if pat.operand == "lhs" else p.rhs
-    mesh = dict(p.mesh)
-    n = math.prod(op.shape)
-    for entry in op.spec:
-        for axis in entry:
-            if axis != pat.axis:
-                n //= mesh[axis]
-    return n * np.dtype(p.dtype).itemsize
+    spec = tuple(tuple(a for a in entry if a != pat.axis) for entry in op.spec)
+    return _device_bytes(op.shape, spec, dict(p.mesh), np.dtype(p.dtype).itemsize)
 
 
 def growth(plain: int | None, overlapped: int | None) -> float | None:
@@ -75,15 +80,6 @@ def over(plain: int | None, overlapped: int | None, bound: float | None) -> bool
 
 def mib(n: int | None) -> str:
     return "?" if n is None else f"{n / 2**20:.2f} MiB"
-
-
-def _device_bytes(shape: tuple[int, ...], spec: tuple[tuple[str, ...], ...], mesh: dict[str, int],
-                  itemsize: int) -> int:
-    n = math.prod(shape)
-    for entry in spec:
-        for axis in entry:
-            n //= mesh[axis]
-    return n * itemsize
 
 
 def ring_bytes(problem: Problem | GroupedProblem, net: bool = True) -> int:
@@ -103,7 +99,11 @@ def ring_bytes(problem: Problem | GroupedProblem, net: bool = True) -> int:
 def _plain_holds(p: Problem) -> int:
     """Bytes per device plain jit's collective materializes for the einsum, which a ring never
     does: an all-gather's gathered operand, a reduce-scatter's unscattered partial result."""
-    return p.comm_bytes() // (p.axis_size - 1) * p.axis_size if p.axis_size > 1 else 0
+    if p.pattern.kind == "all_gather":
+        return gathered_bytes(p)
+    if p.pattern.kind != "reduce_scatter":
+        return 0
+    return _device_bytes(p.out_shape, p.out_spec, dict(p.mesh), np.dtype(p.dtype).itemsize) * p.axis_size
 
 
 def charge(act: Any, net: bool = True) -> int:
@@ -118,16 +118,21 @@ def _units(actions: dict[str, Any]) -> dict[tuple[str, ...], Any]:
     return units
 
 
-def _steps(units: dict[tuple[str, ...], Any], speedups: dict[str, float | None]) -> list[tuple[tuple[str, ...], bool]]:
-    """The order decompositions are shed in, (unit, its keep only?): kept gathers first, largest
-    first, then rings, least predicted saving per byte first."""
+def _rings(units: dict[tuple[str, ...], Any], speedups: dict[str, float | None]) -> list[tuple[str, ...]]:
+    """The rings in the order they are shed: least predicted saving per (gross) byte first."""
     def value(u: tuple[str, ...]) -> tuple[float, int]:
         gain = max(0.0, min((speedups.get(t) or 1.0) for t in u) - 1.0)
         gross = ring_bytes(units[u].problem, net=False)
         return gain / max(1, gross), -gross
 
+    return sorted(units, key=value)
+
+
+def _steps(units: dict[tuple[str, ...], Any], speedups: dict[str, float | None]) -> list[tuple[tuple[str, ...], bool]]:
+    """The order `cover` sheds in, (unit, its keep only?): kept gathers first, largest first, then
+    the rings (`_rings`)."""
     keeps = sorted((u for u, a in units.items() if a.keep), key=lambda u: -gathered_bytes(units[u].problem))
-    return [(u, True) for u in keeps] + [(u, False) for u in sorted(units, key=value)]
+    return [(u, True) for u in keeps] + [(u, False) for u in _rings(units, speedups)]
 
 
 def _shed(actions: dict[str, Any], units: dict[tuple[str, ...], Any], unit: tuple[str, ...], keep_only: bool,
@@ -160,18 +165,18 @@ def fit(actions: dict[str, Any], speedups: dict[str, float | None], budget: int,
     gathers are not charged here: whether plain jit holds the same value (its weight gradient's
     operand) depends on its schedule, so only the compiled step says (`cover`)."""
     units, why = _units(actions), {}
-    total = sum(ring_bytes(a.problem) for a in units.values())
-    if any(ring_bytes(a.problem) > budget / bound for a in units.values()):
+    charges = {u: ring_bytes(a.problem) for u, a in units.items()}
+    if any(c > budget / bound for c in charges.values()):
         # a ring charged more than the plain step's whole temp memory: its largest array is then
         # one of the step's inputs (a parameter, on a toy-sized step), which temp memory does not
         # hold; such charges say nothing, and the compiled step decides (`cover`)
         return why
-    for unit, keep_only in _steps(units, speedups):
+    total = sum(charges.values())
+    for unit in _rings(units, speedups):
         if total <= budget:
             break
-        if not keep_only and unit in units:
-            total -= ring_bytes(units[unit].problem)
-            why.update(dict.fromkeys(unit, _shed(actions, units, unit, False, f"+{100 * bound:g}%")))
+        total -= charges[unit]
+        why.update(dict.fromkeys(unit, _shed(actions, units, unit, False, f"+{100 * bound:g}%")))
     return why
 
 

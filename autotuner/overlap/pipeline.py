@@ -121,9 +121,8 @@ class Build:
     def fall_back(self, why: str, memory: Memory | None = None) -> Fallback:
         """Plain jit after all: every applied row is left alone, and says why (and a served one's
         all-gather stays)."""
-        rows = [r.unapplied(why) if r.applied else replace(r, served_by="", note=why) if r.served_by else r
-                for r in self.rows()]
-        return Fallback(Prepared(self.plain, Plan(numbered(rows), self.notes, memory or Memory(), cost=self.cost)))
+        return Fallback(Prepared(self.plain, Plan(numbered(_plain_rows(self.rows(), why)), self.notes,
+                                                  memory or Memory(), cost=self.cost)))
 
     # -- analyse ----------------------------------------------------------------------------------
     def analyse(self) -> None:
@@ -190,8 +189,7 @@ class Build:
                                                 plan.cost), prepared.jitted)
         text = f"the job's processes do not run one plan ({why}): every process runs plain jit"
         log.warning("overlap: process %d: %s", self.rank, text)
-        rows = [r.unapplied(text) if r.applied else replace(r, served_by="") for r in plan]
-        return Prepared(self.plain, Plan(rows, plan.notes + [text], Memory(plan.memory.plain_bytes,
+        return Prepared(self.plain, Plan(_plain_rows(plan, text), plan.notes + [text], Memory(plan.memory.plain_bytes,
                                          plan.memory.plain_bytes, plan.memory.bound), plan.program, plan.cost))
 
     def compile_round(self, n: int) -> Any:
@@ -306,8 +304,11 @@ class Build:
         plain_temp = self.plain_memory()
         if plain_temp is None:
             return
-        speedups = {t: r.speedup for t, r in self.found if t}
-        self.shed.update(fit(self.actions, speedups, int(plain_temp * bound), bound))
+        self.shed.update(fit(self.actions, self.speedups(), int(plain_temp * bound), bound))
+
+    def speedups(self) -> dict[str, float | None]:
+        """Each tagged pair's predicted speedup (what shedding weighs a ring by)."""
+        return {t: r.speedup for t, r in self.found if t}
 
     def check_memory(self, plain_temp: int | None) -> Memory:
         """The compiled step's temp bytes against the bound. Past it (the prediction missed), one
@@ -319,8 +320,7 @@ class Build:
         bound, temp = self.ov.memory, temp_bytes(self.compiled) if self.compiled is not None else None
         if over(plain_temp, temp, bound):
             assert plain_temp is not None and temp is not None and bound is not None
-            speedups = {t: r.speedup for t, r in self.found if t}
-            self.shed.update(cover(self.actions, speedups, temp - int(plain_temp * (1 + bound)),
+            self.shed.update(cover(self.actions, self.speedups(), temp - int(plain_temp * (1 + bound)),
                                    temp - plain_temp, bound))
             temp = self.recompile() if self.actions else self.nothing_left(plain_temp)
         if over(plain_temp, temp, bound):
@@ -396,6 +396,13 @@ class Build:
                 f"equations {span[0]}-{span[1]} of its jaxpr's {span[2]}" if n_kept and span else
                 "; no later equation of its jaxpr takes it, so it is not passed on"))
         return r
+
+
+def _plain_rows(rows: list[PlanRow], why: str) -> list[PlanRow]:
+    """The rows of a step that runs as plain jit after all: an applied pair left alone and a served
+    one's all-gather kept, each saying why."""
+    return [r.unapplied(why) if r.applied else replace(r, served_by="", note=why) if r.served_by else r
+            for r in rows]
 
 
 def _row_doc(r: PlanRow) -> list[Any]:
