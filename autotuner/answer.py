@@ -6,7 +6,8 @@ One type from the service to the plan: the service builds its lookup response fr
 decision table (``autotuner.runtime.collective``), and a `PlanRow` carries the one it was chosen
 from. Its JSON (`Answer.to_json`, read back, checked, by `Answer.from_json`) is a lookup's and the
 client's disk cache lines'; a snapshot entry carries the same fields in the same form
-(:mod:`autotuner.snapshot`). Imports nothing but the Strategy and the standard library.
+(:mod:`autotuner.snapshot`). Imports nothing but the Strategy, the measurement's split rule
+and the standard library.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from autotuner.measurement import overlap_speedup
 from autotuner.strategy import Strategy
 
 __all__ = ["KEY_RE", "Answer", "time_json", "time_of"]
@@ -25,7 +27,7 @@ KEY_RE = re.compile(r"[A-Za-z0-9_-]{1,128}")  # a device or problem key: may nam
 _TYPES: dict[str, tuple[type, ...]] = {"source": (str,), "origin": (str,), "neighbor_key": (str,),
                                       "measured_at": (str,), "record_id": (int,), "trials": (int,),
                                       "speedup": (int, float), "distance": (int, float),
-                                      "confidence": (int, float)}
+                                      "traffic_speedup": (int, float), "confidence": (int, float)}
 
 
 def time_json(t: datetime | None) -> str | None:
@@ -46,7 +48,9 @@ class Answer:
     measurement in this job found it. ``origin``: who answered this process: service | memory |
     disk | snapshot | fallback (the client's), process0 (another process of a job decided),
     unconfigured | no-kv-store | error (no lookup was made: the baseline), in-job. ``device_key``
-    is "" where no device is known (an answer made without a client)."""
+    is "" where no device is known (an answer made without a client). ``traffic_speedup``: the
+    measured winner's speedup split by its serial control (reference / control, what decomposing
+    saves with nothing overlapped; `overlap_speedup` the rest), None where it was not split."""
 
     strategy: Strategy
     source: str
@@ -60,6 +64,12 @@ class Answer:
     distance: float | None = None
     neighbor_key: str | None = None
     trials: int | None = None
+    traffic_speedup: float | None = None
+
+    @property
+    def overlap_speedup(self) -> float | None:
+        """What overlap adds to the speedup (`autotuner.measurement.overlap_speedup`)."""
+        return overlap_speedup(self.speedup, self.traffic_speedup)
 
     @classmethod
     def from_json(cls, d: dict[str, Any], origin: str, *, keyed: bool = True) -> Answer:
@@ -68,14 +78,15 @@ class Answer:
         ``keyed=False``: any string, for an answer that names no file), a field of the wrong
         type, a number that is not finite, ``measured_at`` not an ISO time."""
         d = _checked(d, keyed)
-        speedup, distance, conf = d.get("speedup"), d.get("distance"), d.get("confidence")
+        speedup, distance, conf, traffic = d.get("speedup"), d.get("distance"), d.get("confidence"), d.get("traffic_speedup")
         return cls(strategy=Strategy.from_dict(d["strategy"]), source=d.get("source") or "tuned",
                    speedup=None if speedup is None else float(speedup),
                    confidence=(float(conf[0]), float(conf[1])) if conf else None,
                    record_id=d.get("record_id"), measured_at=time_of(d.get("measured_at")),
                    problem_key=d["problem_key"], device_key=d["device_key"],
                    origin=d.get("origin") or origin, distance=None if distance is None else float(distance),
-                   neighbor_key=d.get("neighbor_key"), trials=d.get("trials"))
+                   neighbor_key=d.get("neighbor_key"), trials=d.get("trials"),
+                   traffic_speedup=None if traffic is None else float(traffic))
 
     def to_json(self) -> dict[str, Any]:
         """Every field but ``origin`` (where it came from is the reader's to say)."""
@@ -83,7 +94,8 @@ class Answer:
                 "confidence": list(self.confidence) if self.confidence else None,
                 "record_id": self.record_id, "measured_at": time_json(self.measured_at),
                 "problem_key": self.problem_key, "device_key": self.device_key,
-                "distance": self.distance, "neighbor_key": self.neighbor_key, "trials": self.trials}
+                "distance": self.distance, "neighbor_key": self.neighbor_key, "trials": self.trials,
+                "traffic_speedup": self.traffic_speedup, "overlap_speedup": self.overlap_speedup}
 
     @classmethod
     def baseline(cls, problem_key: str, device_key: str) -> Answer:

@@ -10,13 +10,25 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["MEASUREMENT_FIELDS", "measurement_item"]
+__all__ = ["MEASUREMENT_FIELDS", "SPLIT_FIELDS", "measurement_item", "overlap_speedup"]
 
 # What a caller gives for a measurement: every field of a stored one but those the database sets
 # (ids, and `method`, which is `strategy["method"]`); `created_at` is optional (default: now).
 MEASUREMENT_FIELDS = ("strategy", "strategy_key", "status", "reason", "samples", "median_s", "iqr_s",
                       "min_s", "n", "ratio", "ratio_lo", "ratio_hi", "aa_width", "compile_s", "memory",
-                      "run_id", "host", "created_at")
+                      "run_id", "host", "serial_s", "traffic_speedup", "created_at")
+# A ring's split by its serial control timed in the same session (`autotuner.measure.session.split`):
+# the control's median and its ratio (reference / control: what decomposing saves without overlap);
+# None for anything else. Optional on the wire: a source without them gives None.
+SPLIT_FIELDS = ("serial_s", "traffic_speedup")
+
+
+def overlap_speedup(speedup: float | None, traffic: float | None) -> float | None:
+    """What running the transfers beside the einsums adds: the speedup over its traffic part
+    (`speedup = traffic x overlap`); None where either is unknown."""
+    if speedup is None or traffic is None or not traffic > 0:
+        return None
+    return speedup / traffic
 
 
 def measurement_item(source: Any, **given: Any) -> dict[str, Any]:
@@ -27,7 +39,8 @@ def measurement_item(source: Any, **given: Any) -> dict[str, Any]:
     for name in MEASUREMENT_FIELDS:
         if name == "created_at" and name not in given:
             continue
-        value = given[name] if name in given else getattr(source, name)
+        value = given[name] if name in given else getattr(source, name, None) if name in SPLIT_FIELDS \
+            else getattr(source, name)
         item[name] = list(value) if isinstance(value, tuple | list) else value
     item["strategy"] = dict(item["strategy"])
     return item

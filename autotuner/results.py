@@ -16,22 +16,33 @@ from typing import Any
 
 from autotuner.device import Device
 from autotuner.measure import Candidate, SessionResult
+from autotuner.measure.session import controls_of, split
 from autotuner.measurement import measurement_item as item_of
 from autotuner.problem import GroupedProblem, Problem
 
 
-def measurement_item(c: Candidate, run_id: str | None = None, host: str | None = None) -> dict[str, Any]:
-    """A candidate as a measurement item (`autotuner.measurement`), with its strategy key and
-    this run's id and host."""
-    return item_of(c, strategy_key=c.key, run_id=run_id, host=host or socket.gethostname())
+def measurement_item(c: Candidate, run_id: str | None = None, host: str | None = None,
+                     **split: float | None) -> dict[str, Any]:
+    """A candidate as a measurement item (`autotuner.measurement`), with its strategy key, this
+    run's id and host, and its split by its serial control where `split` gives one."""
+    return item_of(c, strategy_key=c.key, run_id=run_id, host=host or socket.gethostname(), **split)
 
 
 def session_items(session: SessionResult, run_id: str | None = None,
                   include: Iterable[str] | None = None) -> list[dict[str, Any]]:
-    """Measurement items of a session: the baseline and every candidate (or those in `include`)."""
+    """Measurement items of a session: the baseline and every candidate (or those in `include`);
+    a ring timed beside its serial control carries its split (`serial_s`, `traffic_speedup`:
+    `autotuner.measure.session.split`), from the same repetitions."""
     keep = set(include) if include is not None else None
-    return [measurement_item(c, run_id) for c in [session.baseline, *session.candidates]
-            if keep is None or c.key in keep]
+    everyone = [session.baseline, *session.candidates]
+    controls = controls_of(everyone)
+    out = []
+    for c in everyone:
+        if keep is None or c.key in keep:
+            parts = split(c, controls.get(id(c)))
+            out.append(measurement_item(c, run_id, serial_s=parts["serial_s"],
+                                        traffic_speedup=parts["traffic_speedup"]))
+    return out
 
 
 def results_body(device: Device, problem: Problem | GroupedProblem, items: list[dict[str, Any]],

@@ -61,6 +61,7 @@ class Entry:
     record_id: int
     measured_at: datetime
     trials: int
+    traffic_speedup: float | None = None   # the winner's split by its serial control (absent in older files)
 
     @classmethod
     def of(cls, winner: Any) -> Entry:
@@ -79,7 +80,8 @@ def evidence(winner: Any) -> dict[str, Any]:
     lo, hi = winner.speedup_lo, winner.speedup_hi
     return {"strategy": winner.strategy, "strategy_key": winner.strategy_key, "speedup": winner.speedup,
             "confidence": (lo, hi) if lo is not None and hi is not None else None,
-            "record_id": winner.id, "measured_at": winner.updated_at, "trials": winner.trials}
+            "record_id": winner.id, "measured_at": winner.updated_at, "trials": winner.trials,
+            "traffic_speedup": winner.traffic_speedup}
 
 
 def confidence_of(value: Any) -> tuple[float, float] | None:
@@ -181,7 +183,8 @@ def entry_json(answer: Answer) -> dict[str, Any]:
             "strategy": answer.strategy.to_dict(), "strategy_key": answer.strategy.key,
             "speedup": answer.speedup if answer.speedup is not None else 1.0,
             "confidence": list(answer.confidence) if answer.confidence else None, "record_id": 0,
-            "measured_at": time_json(answer.measured_at), "trials": answer.trials or 0}
+            "measured_at": time_json(answer.measured_at), "trials": answer.trials or 0,
+            "traffic_speedup": answer.traffic_speedup}
 
 
 def put_entry(path: str | os.PathLike[str], device: Device, answer: Answer) -> None:

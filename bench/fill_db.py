@@ -172,7 +172,7 @@ def _fill_bulk(database: Any, device: Device, todo: list[Problem], seed: int,
                         reason=None, samples=tuple(r["samples"]), median_s=r["median_s"], iqr_s=r["iqr_s"],
                         min_s=r["min_s"], n=r["n"], ratio=r["ratio"], ratio_lo=r["ratio_lo"],
                         ratio_hi=r["ratio_hi"], aa_width=None, compile_s=None, memory=None, run_id=r["run_id"],
-                        host=r["host"], created_at=now))
+                        host=r["host"], serial_s=None, traffic_speedup=None, created_at=now))
                     j += 1
                 c = choose_winner(records)
                 if c is None:

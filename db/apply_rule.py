@@ -6,7 +6,8 @@ Per ``strategy_key`` only the latest measurement counts (latest ``created_at``, 
 (``baseline``, or ``plain`` on TPU: `autotuner.rule.reference_method`) is the default winner;
 another strategy replaces it as `autotuner.rule.choose` says. A winner's ``baseline_s`` is the
 reference's median in the winner's own session (``ratio * median_s``), so ``speedup`` is always
-``baseline_s / winner_s``: a row never shows a speedup above 1 with the winner slower. No winner (``None``) when nothing
+``baseline_s / winner_s``: a row never shows a speedup above 1 with the winner slower; its
+``serial_s``/``traffic_speedup`` are the same measurement's (the split of that speedup). No winner (``None``) when nothing
 qualifies and the reference has no successful latest measurement: there is no evidence to serve.
 """
 
@@ -61,4 +62,4 @@ def _choice(m: MeasurementRecord, speedup: float, lo: float | None, hi: float | 
     return WinnerChoice(strategy=dict(m.strategy), strategy_key=m.strategy_key, method=m.method,
                         speedup=speedup, speedup_lo=lo, speedup_hi=hi, baseline_s=baseline_s,
                         winner_s=m.median_s, measurement_id=m.id, measurement_ids=evidence,
-                        trials=trials)
+                        trials=trials, serial_s=m.serial_s, traffic_speedup=m.traffic_speedup)

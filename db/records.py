@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, NamedTuple, NotRequired, TypedDict, TypeVar, get_type_hints
 
-from autotuner.measurement import MEASUREMENT_FIELDS, measurement_item
+from autotuner.measurement import MEASUREMENT_FIELDS, measurement_item, overlap_speedup
 from db.fields import KEY_LEN, at_least, joined, long_text, signed, text
 
 __all__ = [
@@ -108,6 +108,9 @@ class MeasurementRecord:
     ``aa_width`` is the noise floor of the session that measured it: how far from 1.0 the ratio
     CI of the baseline timed against a second copy of itself reached (an A/A check; ``None``
     when the session had none). A ratio closer to 1 than that is indistinguishable from noise.
+    ``serial_s`` and ``traffic_speedup`` split a ring's ratio where its serial control (the same
+    ring, nothing overlapped) was timed in the same session: the control's median, and its ratio
+    (reference / control); ``ratio / traffic_speedup`` is what overlap adds. ``None`` otherwise.
     """
 
     id: int
@@ -131,6 +134,8 @@ class MeasurementRecord:
     memory: dict[str, Any] | None
     run_id: str | None = text(64)
     host: str | None = text(256)
+    serial_s: float | None
+    traffic_speedup: float | None
     created_at: datetime
 
 
@@ -154,11 +159,14 @@ class WinnerChoice:
     measurement_id: int | None
     measurement_ids: tuple[int, ...]
     trials: int
+    serial_s: float | None = None
+    traffic_speedup: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class WinnerRecord:
-    """The current best strategy of one problem on one device (see :mod:`db.apply_rule`)."""
+    """The current best strategy of one problem on one device (see :mod:`db.apply_rule`);
+    ``serial_s``/``traffic_speedup`` its winning measurement's split (``None`` where it has none)."""
 
     id: int
     device_id: int
@@ -175,8 +183,15 @@ class WinnerRecord:
     winner_s: float | None
     measurement_ids: tuple[int, ...]
     trials: int
+    serial_s: float | None
+    traffic_speedup: float | None
     created_at: datetime
     updated_at: datetime
+
+    @property
+    def overlap_speedup(self) -> float | None:
+        """The winner's speedup over its traffic part (see `autotuner.measurement.overlap_speedup`)."""
+        return overlap_speedup(self.speedup, self.traffic_speedup)
 
 
 class Neighbor(NamedTuple):

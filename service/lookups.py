@@ -70,7 +70,7 @@ def answer_of(w: WinnerRecord, dkey: str, pkey: str, source: str, strategy: Stra
     return Answer(strategy=strategy if strategy is not None else Strategy.from_dict(w.strategy), source=source,
                   speedup=ev["speedup"], confidence=ev["confidence"], record_id=ev["record_id"],
                   measured_at=ev["measured_at"], problem_key=pkey, device_key=dkey, distance=distance,
-                  neighbor_key=neighbor_key, trials=ev["trials"])
+                  neighbor_key=neighbor_key, trials=ev["trials"], traffic_speedup=ev["traffic_speedup"])
 
 
 _WIRE = tuple(k for k in Lookup.model_fields if k not in ("strategy", "strategy_key"))

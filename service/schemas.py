@@ -66,6 +66,9 @@ class Lookup(BaseModel):
     ``speedup`` is baseline time / strategy time as measured (for ``nearest``: on the
     neighbour), ``confidence`` its interval ``[lo, hi]`` where one was measured.
     ``record_id`` is the winner record's id, ``measured_at`` when it last changed.
+    ``traffic_speedup`` x ``overlap_speedup`` split a measured ring's speedup by its serial
+    control (the same ring, nothing overlapped) timed beside it: what moving less saves, and
+    what running the transfers beside the einsums adds (null where not split).
     """
 
     model_config = _OUT
@@ -79,6 +82,8 @@ class Lookup(BaseModel):
     trials: int | None = None
     distance: float | None = None
     neighbor_key: str | None = None
+    traffic_speedup: float | None = None
+    overlap_speedup: float | None = None
     problem_key: str
     device_key: str
 
@@ -122,7 +127,8 @@ def record_out(record: type, *, drop: tuple[str, ...] = (),
 
 DeviceOut = record_out(DeviceRecord)
 ProblemOut = record_out(ProblemRecord)
-WinnerOut = record_out(WinnerRecord, drop=("device_id", "problem_id"))
+WinnerOut = record_out(WinnerRecord, drop=("device_id", "problem_id"),
+                       after={"traffic_speedup": {"overlap_speedup": float | None}})
 MeasurementOut = record_out(MeasurementRecord, after={"device_id": {"device_key": str | None}})
 
 

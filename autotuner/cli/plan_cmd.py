@@ -35,13 +35,19 @@ Under --strategy auto (the default) a pair runs a tuned winner only when its spe
 
 def print_plan(plan: list[dict[str, Any]], notes: list[str], out: Any = None) -> None:
     """The rows of `program.factory.plan_rows` as a table, then the notes."""
+    from autotuner.overlap.plan import split_text   # autotuner.overlap: 0.16 s, which no other command needs
+
     out = out or sys.stdout
     xla = any(r.get("xla") for r in plan)   # a compiler that decomposes pairs itself (XLA:TPU)
-    head = ("pair", "problem", "collective", *(("xla",) if xla else ()), "strategy", "source", "saving", "x")
+    split = any(r.get("traffic_speedup") for r in plan)   # winners measured beside their serial control
+    head = ("pair", "problem", "collective", *(("xla",) if xla else ()), "strategy", "source", "saving",
+            *(("traffic x overlap",) if split else ()), "x")
     rows = [head] + [(r["name"], (r["key"] or "-")[:12], r["form"], *((r.get("xla") or "-",) if xla else ()),
                       r["strategy"], r["source"],
                       fmt(100 * r["saving"] if r["saving"] is not None else None, ".0f")
-                      + ("%" if r["saving"] is not None else ""), str(r["count"])) for r in plan]
+                      + ("%" if r["saving"] is not None else ""),
+                      *((split_text((r["traffic_speedup"], r["overlap_speedup"]) if r.get("traffic_speedup") else None),)
+                        if split else ()), str(r["count"])) for r in plan]
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     for row in rows:
         out.write("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() + "\n")

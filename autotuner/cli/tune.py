@@ -306,20 +306,17 @@ def tune_one(ts: Any, database: Any, name: str, problem: Any, run_id: str, *, ex
             "bound_s": bound_s, "efficiency": eff, "aa_width": aa_w, "aa_ci": aa_ci, "trials": n_trials,
             "seconds": round(time.perf_counter() - t0, 3), "failed": failed, "error": error,
             "estimated": ts.device.estimated, "reference": ref.key,
-            **winner_split(winner, seen, controls),
+            **winner_split(winner),
             "candidates": [candidate_row(c, ts.device.estimated, controls) for c in seen]}
 
 
-def winner_split(winner: Any, seen: list[Any], controls: dict[int, Any]) -> dict[str, Any]:
-    """The winner's `serial_s`, `traffic_speedup`, `overlap_speedup` (`measure.split`) where its
-    serial control (`controls`: `measure.session.controls_of(seen)`) was timed in the session that
-    gave the winner's speedup; else None each."""
-    from autotuner.measure.session import NO_SPLIT, split
-
-    mine = [c for c in seen if winner is not None and c.key == winner.strategy_key]
-    if not mine or mine[-1].ratio != winner.speedup:
-        return dict(NO_SPLIT)
-    return split(mine[-1], controls.get(id(mine[-1])))
+def winner_split(winner: Any) -> dict[str, Any]:
+    """The winner's `serial_s`, `traffic_speedup`, `overlap_speedup`: its winning measurement's
+    split by its serial control, stored with it from the same session (None each without one)."""
+    if winner is None:
+        return {"serial_s": None, "traffic_speedup": None, "overlap_speedup": None}
+    return {"serial_s": winner.serial_s, "traffic_speedup": winner.traffic_speedup,
+            "overlap_speedup": winner.overlap_speedup}
 
 
 ESTIMATED = ESTIMATED_LABEL

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from autotuner.measure.adaptive import BUDGET, CAP, FIXED, Precision, decide
 from autotuner.measure.stats import Summary, aa_width, bound, efficiency, ratio_ci
+from autotuner.measurement import overlap_speedup
 from autotuner.problem import Problem
 from autotuner.strategy import Strategy
 
@@ -70,7 +71,7 @@ def split(c: Candidate, control: Candidate | None) -> dict[str, float | None]:
     traffic, ratio = control.ratio, c.ratio
     if traffic is None or ratio is None or not (math.isfinite(traffic) and math.isfinite(ratio)) or traffic <= 0:
         return dict(NO_SPLIT)
-    return {"serial_s": control.median_s, "traffic_speedup": traffic, "overlap_speedup": ratio / traffic}
+    return {"serial_s": control.median_s, "traffic_speedup": traffic, "overlap_speedup": overlap_speedup(ratio, traffic)}
 
 
 def controls_of(cands: Sequence[Candidate]) -> dict[int, Candidate]:

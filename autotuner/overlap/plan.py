@@ -49,6 +49,16 @@ class PlanRow:
         return self.strategy.rewrites or (self.strategy.is_baseline and self.left != "baseline")
 
     @property
+    def split(self) -> tuple[float, float] | None:
+        """(traffic, overlap): the speedup this row runs for, split by its serial control, where
+        the answer it follows was measured with one (`Answer.traffic_speedup`); else None. A user on
+        other hardware sees here whether a winner was chosen for moving less or for overlap."""
+        a = self.answer
+        if a is None or a.strategy != self.strategy or a.traffic_speedup is None or a.overlap_speedup is None:
+            return None
+        return a.traffic_speedup, a.overlap_speedup
+
+    @property
     def saving(self) -> float | None:
         """Predicted fraction of the pair's time saved (1 - 1/speedup), if known."""
         return None if not self.speedup else 1.0 - 1.0 / self.speedup
@@ -134,17 +144,21 @@ class Plan(list[PlanRow]):
         self.cost = cost or Cost()
 
     def __str__(self) -> str:
-        head = ("pair", "problem", "collective", "strategy", "source", "speedup", "x", "note")
+        head = ("pair", "problem", "collective", "strategy", "source", "speedup", "traffic x overlap", "x", "note")
         rows = [head]
         for r in self:
             rows.append((r.name, (r.key or "-")[:12], r.form, r.strategy.key, r.source,
-                         f"{r.speedup:.2f}" if r.speedup else "-", str(r.count), r.note))
+                         f"{r.speedup:.2f}" if r.speedup else "-", split_text(r.split), str(r.count), r.note))
         widths = [max(len(row[i]) for row in rows) for i in range(len(head) - 1)]
         lines = ["  ".join(c.ljust(w) for c, w in zip(row[:-1], widths, strict=True)) + "  " + row[-1]
                  for row in rows]
         n = sum(r.applied for r in self)
         return "\n".join(lines + [f"{n} of {len(self)} pairs decomposed", str(self.memory), str(self.cost)]
                          + [f"note: {t}" for t in self.notes])
+
+
+def split_text(split: tuple[float, float] | None) -> str:
+    return f"{split[0]:.2f} x {split[1]:.2f}" if split else "-"
 
 
 def program_key(rows: Any) -> str:

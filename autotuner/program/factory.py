@@ -129,7 +129,9 @@ def plan_rows(plan: Any) -> list[dict[str, Any]]:
              "strategy_dict": r.strategy.to_dict(), "problem": r.problem.to_dict() if r.problem else None,
              "applied": r.applied, "source": r.source, "speedup": r.speedup, "saving": r.saving,
              "count": r.count, "member": r.member, "served_by": r.served_by, "kept_bytes": r.kept_bytes,
-             "where": r.where, "note": r.note, "xla": r.xla} for r in plan]
+             "where": r.where, "note": r.note, "xla": r.xla,
+             "traffic_speedup": r.split[0] if r.split else None,
+             "overlap_speedup": r.split[1] if r.split else None} for r in plan]
 
 
 TOLERANCE_HELP = ("the largest relative error of the overlapped step's outputs against plain jit's "

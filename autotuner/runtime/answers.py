@@ -112,6 +112,7 @@ def session_answer(session: Any, problem_key: str, device_key: str) -> Answer | 
     reference (the session's first program: baseline, or plain on TPU); None when it did not run."""
     from datetime import UTC
 
+    from autotuner.measure.session import controls_of, split
     from autotuner.rule import Evidence, choose
 
     if session.baseline.status != "ok":
@@ -126,8 +127,9 @@ def session_answer(session: Any, problem_key: str, device_key: str) -> Answer | 
                             problem_key, device_key, origin="in-job", trials=trials)
     best = ok[won]
     ci = (float(best.ratio_lo), float(best.ratio_hi)) if best.ratio_hi is not None else None
+    traffic = split(best, controls_of(session.candidates).get(id(best)))["traffic_speedup"]   # where timed
     return Answer(Strategy.from_dict(best.strategy), "tuned", float(best.ratio), ci, None, now,
-                        problem_key, device_key, origin="in-job", trials=trials)
+                  problem_key, device_key, origin="in-job", trials=trials, traffic_speedup=traffic)
 
 
 def snapshot_answers(path: str | os.PathLike[str]) -> tuple[dict[tuple[str, str], Answer], list[Any]]:

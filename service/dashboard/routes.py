@@ -59,7 +59,7 @@ _env.filters.update(when=views.fmt_when, seconds=views.fmt_time, speedup=views.f
                     nbytes=views.fmt_bytes, shapes=views.fmt_shapes, mesh=views.fmt_mesh,
                     device=views.device_label)
 _env.filters.update(ms=benches.fmt_ms)
-_env.globals.update(fmt_ci=views.fmt_ci, estimated_label=views.ESTIMATED_LABEL, fmt_ms_ci=benches.fmt_ms_ci, program_label=benches.program_label)
+_env.globals.update(fmt_ci=views.fmt_ci, fmt_split=views.fmt_split, estimated_label=views.ESTIMATED_LABEL, fmt_ms_ci=benches.fmt_ms_ci, program_label=benches.program_label)
 
 
 def _render(request: Request, template: str, status: int = 200, **context: Any) -> HTMLResponse:

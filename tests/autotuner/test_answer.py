@@ -28,7 +28,7 @@ from service.testing import live_server, measurements, problem
 
 RING = Strategy("ring", "bidi", 2, "full", "loop", False)
 ANSWER = Answer(RING, "tuned", 1.3, (1.25, 1.35), 7, datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC), "p" * 32, "d" * 32,
-                origin="service", trials=2)
+                origin="service", trials=2, traffic_speedup=1.04)
 
 
 @pytest.mark.parametrize(("module", "name"), [("autotuner.runtime.client", "LookupResult"),
@@ -47,7 +47,8 @@ def test_an_answers_json_round_trips_and_names_the_wire_fields():
     assert Answer.from_json(ANSWER.to_json(), "service") == ANSWER
     wire = lookup_of(ANSWER)
     fields = {f.name for f in dataclasses.fields(Answer)}
-    assert set(Lookup.model_fields) == (fields - {"origin"}) | {"strategy_key"}
+    # the fields and the derived overlap_speedup (traffic x overlap = speedup), not the origin
+    assert set(Lookup.model_fields) == (fields - {"origin"}) | {"strategy_key", "overlap_speedup"}
     assert wire.strategy_key == RING.key
     assert Answer.from_json(wire.model_dump(mode="json"), "service") == ANSWER
 
@@ -101,7 +102,10 @@ def test_one_answer_from_the_service_through_the_client_and_the_pass_to_the_plan
     database = Database(f"sqlite:///{tmp_path / 'autotuner.db'}")
     database.upgrade()
     try:
-        store.save(database, device, up.problem, _items(1.3, RING))
+        items = _items(1.3, RING)   # the ring timed beside its serial control: 1.3 = 1.04 x 1.25
+        ring = next(m for m in items if m["strategy_key"] == RING.key)
+        ring.update(serial_s=ring["median_s"] * 1.3 / 1.04, traffic_speedup=1.04)
+        store.save(database, device, up.problem, items)
         with live_server(database.url) as url:
             with httpx.Client(trust_env=False) as http:
                 body = http.post(f"{url}/v1/lookup",
@@ -118,4 +122,27 @@ def test_one_answer_from_the_service_through_the_client_and_the_pass_to_the_plan
     assert isinstance(decision, Answer) and decision == wire       # the client's origin: "service"
     assert row.answer == decision and row.strategy == RING and row.source == "tuned"
     assert row.speedup == decision.speedup == 1.3
+    assert body["traffic_speedup"] == 1.04 and body["overlap_speedup"] == pytest.approx(1.25)
+    assert row.split == (1.04, pytest.approx(1.25))   # the plan row says which mechanism won
     assert dataclasses.replace(in_memory, origin="service") == wire and in_memory.origin == "memory"
+
+
+def test_a_plan_row_shows_its_winners_split_only_while_it_runs_that_winner():
+    """`plan` (table and --json) says for each pair whether its winner won by moving less or by
+    overlap: the split of the answer it follows; none where it runs something else."""
+    import io
+
+    from autotuner.cli.plan_cmd import print_plan
+    from autotuner.overlap.plan import Plan
+    from autotuner.program.factory import plan_rows
+
+    follows = PlanRow("up", "w", "all-gather", None, RING, "tuned", 1.3, 1, answer=ANSWER)
+    shed = follows.unapplied("the memory bound")   # the answer's ring, not run
+    rows = plan_rows(Plan([follows, shed]))
+    assert (rows[0]["traffic_speedup"], rows[0]["overlap_speedup"]) == (1.04, pytest.approx(1.25))
+    assert rows[1]["traffic_speedup"] is None and rows[1]["overlap_speedup"] is None
+    out = io.StringIO()
+    print_plan(rows, [], out)
+    head, first, second = out.getvalue().splitlines()[:3]
+    assert "traffic x overlap" in head and "1.04 x 1.25" in first and "1.04" not in second
+    assert "1.04 x 1.25" in str(Plan([follows]))

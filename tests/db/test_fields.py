@@ -86,7 +86,7 @@ def test_row_converter_copies_json_and_takes_joined_values_in_order() -> None:
     values = {"id": 7, "device_id": 1, "problem_id": 2, "strategy": {"method": "ring", "k": [1]},
               "strategy_key": "r", "method": "ring", "speedup": 1.5, "speedup_lo": None,
               "speedup_hi": None, "baseline_s": 2.0, "winner_s": 1.0, "measurement_ids": [3, 4],
-              "trials": 2, "created_at": T0, "updated_at": T0}
+              "trials": 2, "serial_s": None, "traffic_speedup": None, "created_at": T0, "updated_at": T0}
     row.__dict__.update(values)
     w = row_converter(records.WinnerRecord)(row, "dev", "prob")
     assert (w.device_key, w.problem_key, w.measurement_ids) == ("dev", "prob", (3, 4))
@@ -142,7 +142,8 @@ def test_measurement_input_is_the_record_less_what_the_database_sets() -> None:
     assert item == {"strategy": {"method": "ring"}, "strategy_key": "ring-k", "status": "ok",
                     "reason": None, "samples": [1.0, 2.0], "median_s": 1.5, "iqr_s": None,
                     "min_s": None, "n": 2, "ratio": 1.2, "ratio_lo": 1.1, "ratio_hi": 1.3, "aa_width": None,
-                    "compile_s": None, "memory": {"peak": 1}, "run_id": "r", "host": "h"}
+                    "compile_s": None, "memory": {"peak": 1}, "run_id": "r", "host": "h",
+                    "serial_s": None, "traffic_speedup": None}
     assert item["strategy"] is not c.strategy
     with pytest.raises(AttributeError, match="run_id"):  # a field the source lacks must be given
         records.measurement_input(c, strategy_key=c.key)

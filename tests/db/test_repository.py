@@ -132,6 +132,7 @@ def mrec(
     hi: float | None = None,
     median: float | None = 0.01,
     at: datetime | None = None,
+    traffic: float | None = None,
 ) -> MeasurementRecord:
     """A measurement record for the pure rule tests."""
     return MeasurementRecord(
@@ -156,6 +157,8 @@ def mrec(
         memory=None,
         run_id=None,
         host=None,
+        serial_s=None if traffic is None else 0.01 * ratio / traffic if ratio else None,
+        traffic_speedup=traffic,
         created_at=at or T0 + timedelta(seconds=id),
     )
 
@@ -809,6 +812,19 @@ class TestChooseWinner:
         assert w is not None and w.strategy == RING
         assert w.baseline_s == pytest.approx(0.01319) and w.winner_s == 0.010552
         assert w.speedup == pytest.approx(w.baseline_s / w.winner_s) and w.winner_s < w.baseline_s
+
+    def test_a_winner_carries_its_own_measurements_split(self) -> None:
+        """The winner's serial_s/traffic_speedup are its winning measurement's (one session's
+        samples), so traffic x overlap is its speedup; a measurement without a control (and the
+        baseline) has none."""
+        w = choose_winner([mrec(1, BASELINE), mrec(2, RING, ratio=1.3, lo=1.2, hi=1.4, traffic=1.04),
+                           mrec(3, BIDI, ratio=1.1, lo=1.05, hi=1.2, traffic=0.9)])
+        assert w is not None and w.strategy == RING and w.traffic_speedup == 1.04
+        assert w.serial_s == pytest.approx(0.01 * 1.3 / 1.04)
+        w = choose_winner([mrec(1, BASELINE), mrec(2, RING, ratio=1.3, lo=1.2, hi=1.4)])
+        assert w is not None and w.traffic_speedup is None and w.serial_s is None
+        w = choose_winner([mrec(1, BASELINE), mrec(2, RING, ratio=1.3, lo=0.9, hi=1.4, traffic=1.1)])
+        assert w is not None and w.strategy == BASELINE and w.traffic_speedup is None
 
     def test_failed_latest_excludes_strategy(self) -> None:
         w = choose_winner(

@@ -88,7 +88,9 @@ def seed(database: Database) -> dict[str, Any]:
             p = Problem.from_dict(problem(m=512 * (i + 1), k=1024, n=256, dtype="bfloat16",
                                           x=4, kind="rs"))
             rec = repo.upsert_problem(s, **problem_values(p))
-            items = [_item(BASE, 2e-3), _item(UNI, 2e-3 / 1.3, ratio=1.3)]
+            # the ring timed beside its serial control: 1.3 = traffic 1.1 x overlap 1.3 / 1.1
+            items = [_item(BASE, 2e-3), {**_item(UNI, 2e-3 / 1.3, ratio=1.3), "traffic_speedup": 1.1,
+                                         "serial_s": 2e-3 / 1.1}]
             repo.record_measurements(s, db_.id, rec.id, items)
             repo.recompute_winner(s, db_.id, rec.id)
             info["b"].append(rec)
@@ -328,6 +330,18 @@ def test_problem_page(client, info):
     assert pre and json.loads(html.unescape(pre.group(1))) == rec.canonical
     assert Problem.from_dict(json.loads(html.unescape(pre.group(1)))).key == rec.key
     assert 'class="copy" data-copy="problem-json"' in page
+
+
+def test_a_winners_split_by_its_serial_control_is_shown(client, info):
+    """Device B's winners were timed beside their serial control: the table and the problem page
+    say how much of the speedup is traffic and how much overlap; device A's (no control) say nothing."""
+    split = "traffic 1.100× · overlap 1.182×"
+    table = rows(client.get("/problems?limit=100").text)
+    by_id = {int(r["id"]): r["speedup [95% CI]"] for r in table}
+    assert all(by_id[rec.id].endswith(split) for rec in info["b"])
+    assert not any("traffic" in by_id[rec.id] for rec in info["a"])
+    assert split in client.get(f"/problems/{info['b'][0].id}").text
+    assert "traffic" not in client.get(f"/problems/{info['a'][3].id}").text
 
 
 def test_problem_page_by_key_and_bidi(client, info):

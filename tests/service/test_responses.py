@@ -135,7 +135,8 @@ def lookup_out(source: str, p: dict[str, Any], **changes: Any) -> dict[str, Any]
     untuned = {"strategy": BASELINE, "strategy_key": "baseline", "source": source, "speedup": 1.0,
                "confidence": None, "record_id": None, "measured_at": None, "trials": None}
     body = tuned if source in ("tuned", "nearest") else untuned
-    return {**body, "distance": None, "neighbor_key": None, "problem_key": key(p),
+    return {**body, "distance": None, "neighbor_key": None, "traffic_speedup": None,
+            "overlap_speedup": None, "problem_key": key(p),
             "device_key": DKEY, **changes}
 
 
@@ -151,7 +152,8 @@ def measurement_out(id: int, device_id: int, device_key: str, **changes: Any) ->
             "strategy": BASELINE, "strategy_key": "baseline", "method": "baseline", "status": "ok",
             "reason": None, "samples": [0.001] * 7, "median_s": 0.001, "iqr_s": None,
             "min_s": None, "n": 7, "ratio": None, "ratio_lo": None, "ratio_hi": None, "aa_width": None,
-            "compile_s": None, "memory": None, "run_id": None, "host": None, "created_at": TIME,
+            "compile_s": None, "memory": None, "run_id": None, "host": None, "serial_s": None,
+            "traffic_speedup": None, "created_at": TIME,
             **changes}
 
 
@@ -179,7 +181,8 @@ FAR_OUT = {**PROBLEM_OUT, "id": 2, "key": key(FAR), "canonical": canonical(FAR),
 WINNER_OUT = {"id": 1, "device_key": DKEY, "problem_key": key(TUNED), "strategy": RING,
               "strategy_key": RING_KEY, "method": "ring", "speedup": 1.25, "speedup_lo": 1.2,
               "speedup_hi": 1.3, "baseline_s": 0.001, "winner_s": 0.0008, "measurement_ids": [1, 2],
-              "trials": 2, "created_at": TIME, "updated_at": TIME}
+              "trials": 2, "serial_s": None, "traffic_speedup": None, "overlap_speedup": None,
+              "created_at": TIME, "updated_at": TIME}
 RUNNING = {"status": "running", "worker": "w1", "lease_expires_at": TIME, "attempts": 1}
 FAILED = {"status": "failed", "worker": "w1", "attempts": 1, "error": "boom"}
 DEVICES = [device_out(1, DKEY, "inproc"), device_out(2, OKEY, "other")]
@@ -220,7 +223,8 @@ EXPECTED: dict[str, Any] = {
                  "devices": DEVICES,
                  "entries": [{"device_key": DKEY, "problem_key": key(TUNED), "strategy": RING,
                               "strategy_key": RING_KEY, "speedup": 1.25, "confidence": [1.2, 1.3],
-                              "record_id": 1, "measured_at": TIME, "trials": 2}],
+                              "record_id": 1, "measured_at": TIME, "trials": 2,
+                              "traffic_speedup": None}],
                  "evidence": []},
     "healthz": {"status": "ok", "database": "ok", "dialect": "<backend>", "version": VERSION},
     "error_401": {"detail": "a bearer token is required (write): send 'Authorization: Bearer "

@@ -34,7 +34,9 @@ def test_a_runs_measurements_reach_the_service_unchanged(client, sqlite_template
     try:
         earlier = [store.measurement_item(c, run_id="run-0", host="h0") for c in _candidates()[:1]]
         store.save(scratch, device, prob, earlier)
-        items = [store.measurement_item(c, run_id="run-1", host="h1") for c in _candidates()]
+        # the ring timed beside its serial control: 1.25 = traffic 1.2 x overlap 1.04
+        split = {"ring-uni-c1-ufull-loop-send": {"serial_s": 8.33e-4, "traffic_speedup": 1.2}}
+        items = [store.measurement_item(c, run_id="run-1", host="h1", **split.get(c.key, {})) for c in _candidates()]
         store.save(scratch, device, prob, items)
         uploaded = service_worker.run_items(scratch, device, prob, "run-1")
         with scratch.session(read_only=True) as s:
@@ -47,6 +49,7 @@ def test_a_runs_measurements_reach_the_service_unchanged(client, sqlite_template
     client.headers.update(WRITE_HEADERS)
     body = service_worker.upload(client, device, prob, uploaded)
     assert body["recorded"] == 3 and body["winner"]["strategy"] == RING
+    assert body["winner"]["traffic_speedup"] == 1.2 and abs(body["winner"]["overlap_speedup"] - 1.25 / 1.2) < 1e-12
 
     database = client.app.state.autotuner.database
     with database.session(read_only=True) as s:

@@ -62,6 +62,16 @@ def test_tune_exhaustive_json_and_database(tmp_path):
     assert rows(db, "select count(*) from winners") == [(2,)]
     n_meas = rows(db, "select count(*) from measurements")[0][0]
     assert n_meas == lines[0]["trials"] + lines[1]["trials"]
+    # the database keeps each ring's split (its control's, the control itself has none), and a
+    # winner its own measurement's: what the service, the dashboard and the plan show
+    split = {(line["key"], c["key"]): (c["serial_s"], c["traffic_speedup"]) for line in lines
+             for c in line["candidates"] if c["key"].startswith("ring-")}
+    stored = rows(db, "select p.key, m.strategy_key, m.serial_s, m.traffic_speedup, m.method from measurements m "
+                      "join problems p on p.id = m.problem_id")
+    assert {(k, s): (a, b) for k, s, a, b, m in stored if m == "ring"} == split
+    assert all(a is None and b is None for *_, a, b, m in stored if m != "ring")
+    winners = dict(rows(db, "select p.key, w.traffic_speedup from winners w join problems p on p.id = w.problem_id"))
+    assert winners == {line["key"]: line["traffic_speedup"] for line in lines}
 
 
 @pytest.mark.slow
