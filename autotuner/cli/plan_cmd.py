@@ -35,7 +35,8 @@ Under --strategy auto (the default) a pair runs a tuned winner only when its spe
 
 def print_plan(plan: list[dict[str, Any]], notes: list[str], out: Any = None) -> None:
     """The rows of `program.factory.plan_rows` as a table, then the notes."""
-    from autotuner.overlap.plan import split_text   # autotuner.overlap: 0.16 s, which no other command needs
+    # autotuner.overlap imports in 0.16 s, which no other command needs
+    from autotuner.overlap.plan import split_text
 
     out = out or sys.stdout
     xla = any(r.get("xla") for r in plan)   # a compiler that decomposes pairs itself (XLA:TPU)
