@@ -6,13 +6,18 @@ in-job answers (`autotuner.runtime.answers`) all decide with this one function.
    or on TPU `plain` (what the user's `jax.jit` compiles to; XLA:TPU windows einsums itself),
    see `reference_method`. Every ratio is the reference's time over the strategy's.
 2. Another strategy beats it only if the lower end of its speedup interval is above
-   `MIN_SPEEDUP_LO` (1.0): noise never wins. An estimate has no interval; its point is its lower
-   end, so on an estimate target a strategy wins if it is estimated faster at all.
+   `MIN_SPEEDUP_LO` (1.0) plus its session's noise floor (the A/A width, `Evidence.noise`: how far
+   from 1.0 the interval of the reference against a second copy of itself reached): noise never
+   wins. An estimate has no interval; its point is its lower end, so on an estimate target a
+   strategy wins if it is estimated faster at all.
 3. A winner is only a winner over `plain` too: where plain was measured beside a baseline
    reference, a decomposition's lower end must also clear plain's ratio, as it clears the
    reference's (1.0) (`plain` itself may win over the baseline: leave the pair to the compiler).
 4. A control (`serial`: a ring decomposed but not overlapped) never wins.
 5. Among those, the highest ratio wins (ties: the higher lower end, then the earlier evidence).
+
+Where nothing wins but a strategy's interval reaches past its noise floor (its lower end does
+not), the evidence does not decide: the reference stays, and `unresolved` says so and why.
 """
 
 from __future__ import annotations
@@ -21,7 +26,8 @@ import math
 from collections.abc import Sequence
 from typing import NamedTuple
 
-__all__ = ["EXACT_SOURCES", "MIN_SPEEDUP_LO", "SOURCES", "Evidence", "choose", "exact_source", "reference_method"]
+__all__ = ["EXACT_SOURCES", "MIN_SPEEDUP_LO", "SOURCES", "Evidence", "choose", "exact_source", "reference_method",
+           "unresolved"]
 
 MIN_SPEEDUP_LO = 1.0
 CONTROL = "serial"   # a ring's serial control (`Strategy.serial`): measured, never a winner
@@ -44,6 +50,8 @@ class Evidence(NamedTuple):
     ratio: float | None
     lo: float | None
     hi: float | None
+    noise: float | None = None   # its session's A/A width (None: no twin timed, or an estimate)
+    label: str = ""              # the strategy's key, for what `unresolved` says
 
 
 def reference_method(platform: str | None) -> str:
@@ -69,7 +77,29 @@ def choose(evidence: Sequence[Evidence], reference: str) -> int | None:
         if e.method in (reference, CONTROL) or not (_finite(e.ratio) and _finite(e.lo)):
             continue
         assert e.ratio is not None and e.lo is not None
-        need = floor if e.method in ("plain", "baseline") else plain_floor
+        need = (floor if e.method in ("plain", "baseline") else plain_floor) + _noise(e)
         if e.lo > need and (best is None or (e.ratio, e.lo, -i) > best):
             best = (e.ratio, e.lo, -i)
     return None if best is None else -best[2]
+
+
+def _noise(e: Evidence) -> float:
+    return e.noise if e.noise is not None and math.isfinite(e.noise) and e.noise > 0 else 0.0
+
+
+def unresolved(evidence: Sequence[Evidence], reference: str) -> str | None:
+    """Why the evidence does not decide, or None where it does: nothing wins (`choose`), yet a
+    strategy's interval reaches past its floor (1.0 plus its session's noise) while its lower end
+    does not, so that more or quieter repetitions could make it win. The reference stays meanwhile:
+    a coin flip is not stored as a winner."""
+    if choose(evidence, reference) is not None:
+        return None
+    open_ = [e for e in evidence if e.method not in (reference, CONTROL) and _finite(e.ratio) and _finite(e.lo)
+             and _finite(e.hi) and e.hi > MIN_SPEEDUP_LO + _noise(e)]  # type: ignore[operator]
+    if not open_:
+        return None
+    e = max(open_, key=lambda e: (e.ratio, e.lo))
+    noise = f"the session's A/A noise +/-{100 * _noise(e):.1f}%" if _noise(e) else "no A/A noise floor"
+    return (f"not resolved: {e.label or e.method} {e.ratio:.3f}x [{e.lo:.3f}, {e.hi:.3f}] may or may not beat the "
+            f"{reference} (its interval's lower end does not clear 1.0 plus {noise}); the {reference} "
+            "stays until more or quieter repetitions decide")

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from autotuner.rule import Evidence, choose
+from autotuner.rule import Evidence, choose, unresolved
 from db.records import MeasurementRecord, WinnerChoice
 
-__all__ = ["BASELINE", "choose_winner", "is_baseline"]
+__all__ = ["BASELINE", "choose_winner", "is_baseline", "why_unresolved"]
 
 BASELINE = "baseline"
 
@@ -31,19 +31,34 @@ def _latest_key(m: MeasurementRecord) -> tuple[object, int]:
     return (m.created_at, m.id)
 
 
+def _latest_ok(all_ms: list[MeasurementRecord]) -> tuple[dict[str, MeasurementRecord], list[MeasurementRecord]]:
+    """The latest measurement of each strategy, and the successful ones among them by id."""
+    latest: dict[str, MeasurementRecord] = {}
+    for m in sorted(all_ms, key=_latest_key):
+        latest[m.strategy_key] = m
+    return latest, sorted((m for m in latest.values() if m.status == "ok"), key=lambda m: m.id)
+
+
+def _evidence(ok: list[MeasurementRecord]) -> list[Evidence]:
+    return [Evidence(m.method, m.ratio, m.ratio_lo, m.ratio_hi, m.aa_width, m.strategy_key) for m in ok]
+
+
+def why_unresolved(measurements: Iterable[MeasurementRecord], reference: str = BASELINE) -> str | None:
+    """Why the latest measurements of one (device, problem) do not decide (`autotuner.rule.unresolved`),
+    None where they do."""
+    return unresolved(_evidence(_latest_ok(list(measurements))[1]), reference)
+
+
 def choose_winner(measurements: Iterable[MeasurementRecord], reference: str = BASELINE) -> WinnerChoice | None:
     """Apply the rule to every measurement of one (device, problem); `reference` is the device's
     reference method (`autotuner.rule.reference_method` of its platform)."""
     all_ms = list(measurements)
-    latest: dict[str, MeasurementRecord] = {}
-    for m in sorted(all_ms, key=_latest_key):
-        latest[m.strategy_key] = m
+    latest, ok = _latest_ok(all_ms)
     evidence = tuple(sorted(m.id for m in latest.values()))
-    ok = sorted((m for m in latest.values() if m.status == "ok"), key=lambda m: m.id)
     refs = [m for m in ok if m.method == reference]
     ref = max(refs, key=_latest_key) if refs else None
     ref_s = ref.median_s if ref is not None else None
-    won = choose([Evidence(m.method, m.ratio, m.ratio_lo, m.ratio_hi) for m in ok], reference)
+    won = choose(_evidence(ok), reference)
     if won is not None:
         best = ok[won]
         assert best.ratio is not None

@@ -231,7 +231,7 @@ def failed_row(ts: Any, name: str, problem: Any, error: str, t0: float) -> dict[
             "bound_s": None, "efficiency": None, "aa_width": None, "aa_ci": None, "trials": 0,
             "seconds": round(time.perf_counter() - t0, 3),
             "failed": None, "error": error[:2000], "estimated": ts.device.estimated, "reference": None,
-            **NO_SPLIT, "candidates": []}
+            **NO_SPLIT, "unresolved": None, "candidates": []}
 
 
 def say_model(database: Any, device: Any) -> None:
@@ -306,6 +306,7 @@ def tune_one(ts: Any, database: Any, name: str, problem: Any, run_id: str, *, ex
             "bound_s": bound_s, "efficiency": eff, "aa_width": aa_w, "aa_ci": aa_ci, "trials": n_trials,
             "seconds": round(time.perf_counter() - t0, 3), "failed": failed, "error": error,
             "estimated": ts.device.estimated, "reference": ref.key,
+            "unresolved": store.why_unresolved(database, ts.device, problem) if winner is not None else None,
             **winner_split(winner),
             "candidates": [candidate_row(c, ts.device.estimated, controls) for c in seen]}
 
@@ -395,6 +396,7 @@ def print_summary(rows: list[dict[str, Any]]) -> None:
         t.add_column(col)
     for r in rows:
         w = Strategy.from_dict(r["winner"]).key if r["winner"] else "-" if r["error"] is None else "FAILED"
+        w += " (unresolved)" if r.get("unresolved") else ""
         ci = r["speedup_ci"] or [None, None]
         aa = r.get("aa_width")
         t.add_row(r["name"], w, fmt(r["speedup"], ".3f"), f"{fmt(ci[0], '.2f')}-{fmt(ci[1], '.2f')}",
@@ -405,6 +407,9 @@ def print_summary(rows: list[dict[str, Any]]) -> None:
                   fmt(r["bound_s"] and r["bound_s"] * 1e3, ".2f"), fmt(r["efficiency"], ".2f"),
                   str(r["trials"]), "-" if r["failed"] is None else str(r["failed"]), fmt(r["seconds"], ".1f"))
     err.print(t)
+    for r in rows:   # the reference stays for these: not a coin flip stored as a winner
+        if r.get("unresolved"):
+            err.print(f"{r['name']}: {r['unresolved']}", highlight=False)
 
 
 # -- worker ----------------------------------------------------------------------------------------

@@ -118,7 +118,8 @@ def session_answer(session: Any, problem_key: str, device_key: str) -> Answer | 
     if session.baseline.status != "ok":
         return None
     ok = [c for c in session.candidates if c.status == "ok"]
-    won = choose([Evidence(Strategy.from_dict(c.strategy).method, c.ratio, c.ratio_lo, c.ratio_hi) for c in ok],
+    won = choose([Evidence(Strategy.from_dict(c.strategy).method, c.ratio, c.ratio_lo, c.ratio_hi, c.aa_width, c.key)
+                  for c in ok],
                  Strategy.from_dict(session.baseline.strategy).method)
     trials = 1 + len(session.candidates)
     now = datetime.now(UTC)

@@ -12,7 +12,7 @@ from autotuner.results import measurement_item, results_body, session_items
 from autotuner.snapshot import device_values
 
 __all__ = ["measurement_item", "problem_values", "results_body", "save", "save_failure", "session_items",
-           "why_no_winner"]
+           "why_no_winner", "why_unresolved"]
 
 
 def problem_values(p: Problem, name: str | None = None) -> dict[str, Any]:
@@ -48,6 +48,19 @@ def save_failure(database: Any, device: Device, problem: Problem, *, error: str,
         prob = repo.upsert_problem(s, **problem_values(problem, name))
         return repo.record_failure(s, dev.id, prob.id, error=error, name=(name or None) and name[:256],
                                    run_id=run_id, host=socket.gethostname()[:256])
+
+
+def why_unresolved(database: Any, device: Device, problem: Problem) -> str | None:
+    """Why the stored measurements of `problem` on `device` do not decide its winner
+    (`db.apply_rule.why_unresolved`: the reference stays meanwhile), None where they do."""
+    from autotuner.rule import reference_method
+    from db import repository as repo
+    from db.apply_rule import why_unresolved as why
+
+    with database.session(read_only=True) as s:
+        dev, prob = repo.get_device_by_key(s, device.key), repo.get_problem_by_key(s, problem.key)
+        ms = repo.list_measurements(s, prob.id, dev.id) if dev and prob else []
+    return why(ms, reference_method(device.platform)) if ms else None
 
 
 def why_no_winner(database: Any, device: Device, problem: Problem) -> str:

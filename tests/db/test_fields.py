@@ -182,8 +182,9 @@ def test_the_services_record_models_show_the_records_fields() -> None:
     assert fields(schemas.ProblemOut) == record(records.ProblemRecord)
     assert fields(schemas.JobOut) == record(records.JobRecord)
     assert fields(schemas.DemandOut) == record(records.DemandRecord)
-    assert fields(schemas.WinnerOut) == [n for n in record(records.WinnerRecord)
-                                         if n not in ("device_id", "problem_id")]
+    w = [n for n in record(records.WinnerRecord) if n not in ("device_id", "problem_id")]
+    at = w.index("traffic_speedup") + 1   # and the property derived from it
+    assert fields(schemas.WinnerOut) == [*w[:at], "overlap_speedup", *w[at:]]
     assert fields(schemas.ModelBenchOut) == [n for n in record(records.ModelBenchRecord) if n != "device_id"]
     m = record(records.MeasurementRecord)
     assert fields(schemas.MeasurementOut) == [*m[:3], "device_key", *m[3:]]

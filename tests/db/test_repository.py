@@ -133,6 +133,7 @@ def mrec(
     median: float | None = 0.01,
     at: datetime | None = None,
     traffic: float | None = None,
+    aa: float | None = None,
 ) -> MeasurementRecord:
     """A measurement record for the pure rule tests."""
     return MeasurementRecord(
@@ -152,7 +153,7 @@ def mrec(
         ratio=ratio,
         ratio_lo=lo,
         ratio_hi=hi,
-        aa_width=None,
+        aa_width=aa,
         compile_s=None,
         memory=None,
         run_id=None,
@@ -825,6 +826,23 @@ class TestChooseWinner:
         assert w is not None and w.traffic_speedup is None and w.serial_s is None
         w = choose_winner([mrec(1, BASELINE), mrec(2, RING, ratio=1.3, lo=0.9, hi=1.4, traffic=1.1)])
         assert w is not None and w.strategy == BASELINE and w.traffic_speedup is None
+
+    def test_noise_never_wins_and_an_undecided_ring_is_said_to_be(self) -> None:
+        """A ring must clear 1.0 plus its session's A/A noise: 1.05x [1.02, 1.09] beside an A/A
+        of +/-6% is a coin flip, so the baseline stays and `why_unresolved` says why (its interval
+        reaches past the floor); 1.25x [1.12, 1.30] wins; 1.01x [0.98, 1.05] is no effect (resolved)."""
+        from db.apply_rule import why_unresolved
+
+        flip = [mrec(1, BASELINE, aa=0.06), mrec(2, RING, ratio=1.05, lo=1.02, hi=1.09, aa=0.06)]
+        w = choose_winner(flip)
+        assert w is not None and w.strategy == BASELINE
+        why = why_unresolved(flip)
+        assert why is not None and "1.050x [1.020, 1.090]" in why and "+/-6.0%" in why
+        assert choose_winner([*flip[:1], mrec(2, RING, ratio=1.05, lo=1.02, hi=1.09)]).strategy == RING  # no twin
+        clear = [mrec(1, BASELINE, aa=0.06), mrec(2, RING, ratio=1.25, lo=1.12, hi=1.30, aa=0.06)]
+        assert choose_winner(clear).strategy == RING and why_unresolved(clear) is None
+        none = [mrec(1, BASELINE, aa=0.06), mrec(2, RING, ratio=1.01, lo=0.98, hi=1.05, aa=0.06)]
+        assert choose_winner(none).strategy == BASELINE and why_unresolved(none) is None
 
     def test_failed_latest_excludes_strategy(self) -> None:
         w = choose_winner(
