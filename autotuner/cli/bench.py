@@ -107,9 +107,13 @@ def print_attribution(res: Any, out: Any) -> None:
 
     out.write("attribution, ms saved per step (alone in the step: plain - only this problem decomposed; "
               "without: the plan without it - the plan; 95% intervals):\n")
-    head = ("problem", "name", "x", "pairs alone", "alone in step", "interval", "without", "interval")
+    split = any(a.overlap_share is not None for a in res.attribution)   # profiled: each saving's split
+    head = ("problem", "name", "x", "pairs alone", "alone in step", "interval", "without", "interval",
+            *(("overlap share",) if split else ()))
     rows = [head] + [(a.key[:12], a.name[:40], str(a.count), _ms(a.isolated_saved_s), _ms(a.alone_saved_s),
-                      ci(a.alone_lo_s, a.alone_hi_s), _ms(a.without_saved_s), ci(a.without_lo_s, a.without_hi_s))
+                      ci(a.alone_lo_s, a.alone_hi_s), _ms(a.without_saved_s), ci(a.without_lo_s, a.without_hi_s),
+                      *((fmt(a.overlap_share and 100 * a.overlap_share, ".0f") + ("%" if a.overlap_share is not None
+                                                                                    else ""),) if split else ()))
                      for a in res.attribution]
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     for r in rows:
@@ -190,8 +194,10 @@ def _bench(prog: Any, *, reps: int, warmup: int, pairs: bool, pair_reps: int, at
            tolerance: float | None, log: Any) -> Any:
     """The opened program (`on_target.Opened`) checked and timed: plain and the plan interleaved,
     then as asked each decomposed pair alone, the attribution's variants, the profile."""
+    from dataclasses import replace
+
     from autotuner.measure.steps import attribute as attribution
-    from autotuner.measure.steps import compare, decomposed_units, pair_breakdown
+    from autotuner.measure.steps import compare, decomposed_units, overlap_share, pair_breakdown
     from autotuner.program.factory import check_numerics
 
     check_numerics(prog.rows, prog.error, tolerance)
@@ -205,4 +211,7 @@ def _bench(prog: Any, *, reps: int, warmup: int, pairs: bool, pair_reps: int, at
     if attribute:
         res.attribution = attribution(decomposed_units(prog.plan), plain, ov, variants[0::2], variants[1::2],
                                       res.pairs)
+        alone = (res.profile or {}).get("alone") or [None] * len(res.attribution)   # each problem's split
+        res.attribution = [replace(row, overlap_share=overlap_share((res.profile or {}).get("plain"), prof))
+                           for row, prof in zip(res.attribution, alone, strict=True)]
     return res

@@ -26,7 +26,7 @@ from autotuner.measure.session import NoSync, Sync, run_session
 from autotuner.measure.stats import diff_ci, ratio_ci
 
 __all__ = ["AttributionRow", "PairTiming", "StepBench", "StepStats", "Unit", "attribute", "compare",
-           "decomposed_units", "median_ci", "pair_breakdown", "rel_error", "time_steps"]
+           "decomposed_units", "median_ci", "overlap_share", "pair_breakdown", "rel_error", "time_steps"]
 
 
 def median_ci(samples: Sequence[float], *, level: float = 0.95, boot: int = 2000,
@@ -180,10 +180,7 @@ class StepBench:
         """The share of the step's saving that overlap explains: how much longer the overlapped
         step runs collectives beside compute than plain does, over what it saves per step (both
         from the profile's means, `bench-model --profile`); None without a profile or a saving."""
-        p, o = (self.profile or {}).get("plain"), (self.profile or {}).get("overlapped")
-        if not p or not o or p["step_ms"] - o["step_ms"] <= 0:
-            return None
-        return (o["overlap_ms"] - p["overlap_ms"]) / (p["step_ms"] - o["step_ms"])
+        return overlap_share((self.profile or {}).get("plain"), (self.profile or {}).get("overlapped"))
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -307,6 +304,16 @@ class AttributionRow:
     without_saved_s: float           # the step without this problem - the full plan's step
     without_lo_s: float | None
     without_hi_s: float | None
+    overlap_share: float | None = None   # with --profile: of its saving alone, what overlap explains
+
+
+def overlap_share(before: dict[str, Any] | None, after: dict[str, Any] | None) -> float | None:
+    """The share of a step's saving that overlap explains, from two `StepProfile` dicts (profile
+    means): how much longer `after` runs collectives beside compute than `before` does, over the
+    time per step it saves; None without both profiles or without a saving."""
+    if not before or not after or before["step_ms"] - after["step_ms"] <= 0:
+        return None
+    return (after["overlap_ms"] - before["overlap_ms"]) / (before["step_ms"] - after["step_ms"])
 
 
 def _or_none(x: float) -> float | None:

@@ -224,7 +224,9 @@ class Bench:
     def profile(self, steps: int, trace: bool = True) -> dict[str, Any]:
         """Plain and overlapped, each compiled again with XLA's thunk timings on and run `steps`
         times under the profiler (`measure.profile`); their `StepProfile`s as dicts (None where
-        not traced: `trace=False` only runs them, in lockstep with a process that traces)."""
+        not traced: `trace=False` only runs them, in lockstep with a process that traces). With
+        the attribution's variants, also each problem's step with only it decomposed (`alone`,
+        in the variants' order), so that each one's saving splits too."""
         from dataclasses import asdict
 
         import jax
@@ -232,13 +234,16 @@ class Bench:
         from autotuner.measure.profile import COMPILE_OPTIONS, profile_steps
 
         a, k = self.prog.args, self.prog.kwargs
-        out: dict[str, Any] = {}
-        for name, prog in (("plain", self.plain), ("overlapped", self.overlapped)):
+        def one(prog: Any) -> dict[str, Any] | None:
             compiled = prog.lower(*a, **k).compile(COMPILE_OPTIONS)
             for _ in range(2):
                 jax.block_until_ready(compiled(*a, **k))
             got = profile_steps(lambda c=compiled: c(*a, **k), steps, trace=trace)
-            out[name] = asdict(got) if got is not None else None
+            return asdict(got) if got is not None else None
+
+        out: dict[str, Any] = {"plain": one(self.plain), "overlapped": one(self.overlapped)}
+        if self.variants:
+            out["alone"] = [one(v) for v in self.variants[0::2]]
         return out
 
     def error(self, variants_only: bool = False) -> float:

@@ -78,6 +78,15 @@ def test_bench_model_forced_ring_json(forced_ring):
                           "without_saved_s"}
         assert a["count"] == 1 and math.isclose(a["isolated_saved_s"], saved[a["key"]])
         assert a["alone_lo_s"] <= a["alone_saved_s"] <= a["alone_hi_s"]
+    # --attribute with --profile: each problem's step with only it decomposed is profiled too, and
+    # its saving split the same way as the plan's (side by side gained / time saved)
+    alone = got["profile"]["alone"]
+    assert len(alone) == len(att) and all(p["steps"] == 2 for p in alone)
+    base = got["profile"]["plain"]
+    for a, prof in zip(att, alone, strict=True):
+        gain = base["step_ms"] - prof["step_ms"]
+        want = (prof["overlap_ms"] - base["overlap_ms"]) / gain if gain > 0 else None
+        assert a["overlap_share"] == (pytest.approx(want) if want is not None else None)
     assert math.isclose(got["alone_sum_saved_s"], sum(a["alone_saved_s"] for a in att))
     assert math.isclose(got["without_sum_saved_s"], sum(a["without_saved_s"] for a in att))
     assert math.isclose(got["measured_saved_s"], got["plain"]["median_s"] - got["overlapped"]["median_s"])
