@@ -120,6 +120,7 @@ class LocalRunner:
         try:
             compiled, st["compile_s"], st["memory"] = self._compile(
                 build(problem, strategy, self.mesh), args, compiler_options(strategy, self.platform))
+            self.before_run(index)
             out = self._run(compiled, args)
             if index == 0:
                 self.ref = out
@@ -142,6 +143,10 @@ class LocalRunner:
         except Exception as e:  # noqa: BLE001 - a failed candidate is a result, not a crash
             st["reason"] = f"{type(e).__name__}: {e}"[:2000]
         return st
+
+    def before_run(self, index: int) -> None:
+        """Called once a strategy compiled, before its first run: a multi-process runner checks
+        there that every process compiled it (a program's collectives run only if all do)."""
 
     def add_parts(self) -> None:
         """Compile the collective alone and the einsum alone (for the bound)."""

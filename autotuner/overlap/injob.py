@@ -13,9 +13,14 @@ the budget is spent stays as its answer says ("budget spent" in its row's note);
 is being measured when the budget runs out is finished.
 
 In a multi-process job every process measures the same strategies in the same order in lockstep
-(`JaxSync`: barriers through `sync_global_devices`, the max over processes of each time through
-`process_allgather`): process 0 decides what to measure and publishes it, and later the answer,
-in the `jax.distributed` key-value store, as the decision tables do; only process 0 talks to the client.
+(`JaxSync`: barriers and the max over processes of each time through the `jax.distributed`
+key-value store): process 0 decides what to measure and publishes it, and later the answer, as
+the decision tables do; only process 0 talks to the client. A strategy that fails to compile or
+check on any process is failed on every process (`_JobRunner`), so no process times a program
+another does not run. Every wait is bounded by the budget (`tune_budget_s`): a process that fails
+(an exception while measuring, or process 0 while storing the answer) says so through the store,
+or is waited for no longer than that, and then every process ends in-job tuning for the rest of
+the preparation (`InJob.ended`); the program is planned with the answers it had.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
+from autotuner.measure.local import LocalRunner
 from autotuner.problem import GroupedProblem, Problem
 from autotuner.strategy import Strategy, reference
 
@@ -36,28 +42,84 @@ MODES = (None, "missing")
 DEFAULT_BUDGET_S = 60.0
 REPS = 5              # interleaved repetitions per session
 MAX_CANDIDATES = 6    # strategies measured per unit besides the baseline
-SHARE_TIMEOUT_S = 3600.0   # how long processes > 0 wait for process 0's plan of a unit
 _KV_PREFIX = "autotuner/overlap/in-job/v1/"
 _calls = itertools.count()
 
 
 class JaxSync:
-    """A `measure.Sync` over the processes of a `jax.distributed` job."""
+    """A `measure.Sync` over the processes of a `jax.distributed` job, through its key-value store
+    (not a device collective, which waits forever for a process that does not come): each
+    exchange waits at most `timeout_s` for the others, then raises."""
 
-    def __init__(self, tag: str) -> None:
-        self.tag, self.count = tag, 0
+    def __init__(self, tag: str, timeout_s: float) -> None:
+        self.tag, self.count, self.timeout_ms = tag, 0, max(1, int(timeout_s * 1000))
+
+    def exchange(self, value: Any, name: str = "") -> list[Any]:
+        """Every process's `value` (JSON), in process order, once all have given theirs; `name`
+        the exchange's (each process's n-th unnamed one is the n-th of the others)."""
+        import jax
+
+        from autotuner.runtime.collective import _kv_client
+
+        kv, me = _kv_client(), jax.process_index()
+        if not name:
+            self.count += 1
+        key = f"{self.tag}/{name or self.count}"
+        kv.key_value_set(f"{key}/{me}", json.dumps(value), allow_overwrite=True)
+        out = []
+        for r in range(jax.process_count()):
+            try:
+                out.append(value if r == me else json.loads(kv.blocking_key_value_get(f"{key}/{r}", self.timeout_ms)))
+            except Exception as e:  # noqa: BLE001 - the store's deadline (or it is gone)
+                raise SyncTimeout(f"{WAITED} {r} {self.timeout_ms / 1000:g} s in vain ({type(e).__name__})") from None
+        return out
 
     def barrier(self) -> None:
-        from jax.experimental import multihost_utils
-
-        self.count += 1
-        multihost_utils.sync_global_devices(f"{self.tag}/{self.count}")
+        self.exchange(None)
 
     def max_over_processes(self, value: float) -> float:
-        import numpy as np
-        from jax.experimental import multihost_utils
+        return float(max(self.exchange(value)))
 
-        return float(np.max(multihost_utils.process_allgather(np.asarray(value, dtype=np.float64))))
+
+WAITED = "waited for process"
+
+
+class SyncTimeout(Exception):   # noqa: N818 - what JaxSync raises when another process does not come
+    pass
+
+
+class _JobRunner(LocalRunner):
+    """`LocalRunner` whose steps are agreed over the job's processes before any program runs (its
+    collectives would wait for a process that is not there, and a collective given up on leaves
+    the job's communicators broken): every process began the problem, compiled the strategy; and
+    its statuses merged: failed on one, failed on all (with that process's reason)."""
+
+    sync: JaxSync
+
+    def begin(self, problem: Problem) -> None:
+        super().begin(problem)
+        self.ran: set[int] = set()
+        self.sync.exchange(True, "begun")   # a process that could not begin never comes: the others stop here
+
+    def before_run(self, index: int) -> None:
+        self.ran.add(index)
+        for pid, ok in enumerate(self.sync.exchange(True, f"compiled/{index}")):
+            if not ok:
+                raise RuntimeError(f"process {pid} could not compile it")
+
+    def add(self, index: int, strategy: Strategy) -> dict[str, Any]:
+        st = super().add(index, strategy)
+        if index not in self.ran:   # its compile raised here: the others must not run it either
+            self.sync.exchange(False, f"compiled/{index}")
+        for pid, other in enumerate(self.sync.exchange({"ok": st["ok"], "reason": st["reason"]}, f"status/{index}")):
+            if not other["ok"]:
+                return {**st, "ok": False, "reason": other["reason"] if st["reason"] == other["reason"]
+                        else f"process {pid}: {other['reason']}"}
+        return st
+
+
+class _Failed(Exception):
+    """In-job tuning of a unit failed (on this process or another); the message says where."""
 
 
 @dataclass
@@ -104,6 +166,7 @@ class InJob:
         self.records: dict[str, Record] = {}
         self.call = next(_calls)
         self._per_strategy: float | None = None
+        self.ended = ""   # why in-job tuning ended on every process of the job ("": it goes on)
 
     # -- per round of the analysis ---------------------------------------------------------------
     def run(self, sites: list[Any], evidence: dict[str, Any]) -> None:
@@ -121,7 +184,7 @@ class InJob:
             d = decisions_for(self.lookup_client).decide(unit, self.lookup_client)
             if d.source == "tuned":
                 continue
-            self.records[key] = self._tune(unit, d)
+            self.records[key] = Record(skipped=f"in-job tuning ended ({self.ended})") if self.ended else self._tune(unit, d)
 
     def mark(self, sites: list[Any], rows: list[Any]) -> list[Any]:
         """The rows, those of measured units with source "in-job", every unit this tuning touched
@@ -162,45 +225,62 @@ class InJob:
             n = min(n, max(1, int(remaining / self._per_strategy) - 1))
         return cands[:n]
 
-    def _answer(self, unit: Problem | GroupedProblem, session: Any, multi: bool, first: bool) -> tuple[Any, str]:
-        """(the session's answer, where it was stored): process 0 stores it through the client (or
-        keeps it in this process without one) and publishes both; the others read them."""
+    def _store(self, unit: Problem | GroupedProblem, session: Any) -> tuple[Any, str]:
+        """(the session's answer, where it was stored), on process 0: through the client, or kept
+        in this process without one."""
         from autotuner.runtime.client import session_answer
 
-        answer, stored = None, ""
-        shared: Any = None
-        if first:
-            if self.client is not None and hasattr(self.client, "upload"):
-                answer, stored = self.client.upload(None, unit, session, name="in-job tuning")
-            else:
-                dev_key = getattr(getattr(self.client, "device", None), "key", None)
-                if dev_key is None:
-                    from autotuner.device import Device
+        if self.client is not None and hasattr(self.client, "upload"):
+            return self.client.upload(None, unit, session, name="in-job tuning")  # type: ignore[no-any-return]
+        dev_key = getattr(getattr(self.client, "device", None), "key", None)
+        if dev_key is None:
+            from autotuner.device import Device
 
-                    dev_key = Device.current().key
-                answer = session_answer(session, unit.key, dev_key)
-                stored = "nowhere (no client): it holds for this process only"
-            shared = {"answer": answer.to_json() if answer is not None else None, "stored": stored}
+            dev_key = Device.current().key
+        return session_answer(session, unit.key, dev_key), "nowhere (no client): it holds for this process only"
+
+    def _answer(self, unit: Problem | GroupedProblem, session: Any, multi: bool, first: bool) -> tuple[Any, str]:
+        """(the session's answer, where it was stored): process 0's, published to the others.
+        Raises `_Failed` on every process where process 0 could not make or store it."""
+        from autotuner.answer import Answer
+
+        answer, stored, shared = None, "", None
+        if first:
+            try:
+                answer, stored = self._store(unit, session)
+                shared = {"answer": answer.to_json() if answer is not None else None, "stored": stored}
+            except Exception as e:  # noqa: BLE001 - said to every process, which all end tuning
+                shared = {"error": f"process 0 could not store the answer ({type(e).__name__}: {e})"}
         if multi:
             shared = self._share(f"answer/{self.call}/{unit.key}", shared)
-            if not first:
-                from autotuner.answer import Answer
-
-                a = shared["answer"]
-                answer = Answer.from_json(a, "process0") if a is not None else None
-                stored = shared["stored"]
+        if "error" in shared:
+            raise _Failed(str(shared["error"]))
+        if not first:
+            a = shared["answer"]
+            answer, stored = (Answer.from_json(a, "process0") if a is not None else None), str(shared["stored"])
         return answer, stored
 
     def _tune(self, unit: Problem | GroupedProblem, d: Any) -> Record:
+        """One unit measured (in lockstep over the job's processes); in a multi-process job a
+        failure anywhere ends in-job tuning on every process (`ended`)."""
         import jax
 
-        from autotuner.measure.local import LocalRunner
+        multi = jax.process_count() > 1
+        t0 = time.perf_counter()
+        try:
+            return self._measure(unit, d, multi, jax.process_index() == 0, t0)
+        except _Failed as e:
+            self.spent += time.perf_counter() - t0
+            log.warning("overlap: in-job tuning of %s: %s%s", unit.describe(), e,
+                        "; in-job tuning ends on every process" if multi else "")
+            if multi:
+                self.ended = str(e)
+            return Record(seconds=time.perf_counter() - t0, skipped=str(e))
+
+    def _measure(self, unit: Problem | GroupedProblem, d: Any, multi: bool, first: bool, t0: float) -> Record:
         from autotuner.measure.session import run_session
         from autotuner.runtime.collective import decisions_for
 
-        multi = jax.process_count() > 1
-        first = jax.process_index() == 0
-        t0 = time.perf_counter()
         plan: list[Strategy] | str | None = None
         if first:
             try:
@@ -212,14 +292,23 @@ class InJob:
         if isinstance(plan, str):
             return Record(skipped=plan)
         assert plan is not None
+        why = ""
         try:
-            runner = LocalRunner(self.mesh, JaxSync(f"{_KV_PREFIX}{self.call}/{unit.key}") if multi else None)
+            tag = f"{_KV_PREFIX}{self.call}/{unit.key}"
+            runner = _JobRunner(self.mesh, JaxSync(tag, self.budget_s)) if multi else LocalRunner(self.mesh)
             ref = reference(str(self.mesh.devices.flat[0].platform))
             session = run_session(runner, unit, [ref, *plan], reps=REPS, parts=False, reference=ref)
         except Exception as e:  # noqa: BLE001 - never worse than the answer it had
-            self.spent += time.perf_counter() - t0
-            log.warning("overlap: in-job measurement of %s failed (%s: %s)", unit.describe(), type(e).__name__, e)
-            return Record(seconds=time.perf_counter() - t0, skipped=f"the measurement failed ({type(e).__name__}: {e})")
+            why = f"the measurement failed ({type(e).__name__}: {e})"
+        if multi:   # every process's outcome, on a key of its own: wherever each one stopped
+            outcomes = self._outcomes(f"{_KV_PREFIX}{self.call}/{unit.key}/outcome", why)
+            # the cause, not a process that only waited for the one that failed
+            failed = [(pid, w) for pid, w in enumerate(outcomes) if w]
+            bad = next((f for f in failed if WAITED not in f[1]), failed[0] if failed else None)
+            if bad is not None:
+                raise _Failed(bad[1] if bad[1] == why else f"on process {bad[0]}: {bad[1]}")
+        elif why:
+            raise _Failed(why)
         answer, stored = self._answer(unit, session, multi, first)
         seconds = time.perf_counter() - t0
         self.spent += seconds
@@ -232,9 +321,18 @@ class InJob:
             won = "no winner: the baseline did not run"
         return Record(measured=True, seconds=seconds, tried=len(plan), stored=stored, winner=won)
 
-    @staticmethod
-    def _share(name: str, value: Any) -> Any:
-        """Process 0's `value` on every process (through the distributed key-value store)."""
+    def _outcomes(self, tag: str, why: str) -> list[str]:
+        """Every process's outcome of one unit ("" or why it failed), each waited for at most the
+        budget (a process that never says failed)."""
+        try:
+            return [str(w) for w in JaxSync(tag, self.budget_s).exchange(why)]
+        except SyncTimeout as e:   # the others did not say in time
+            raise _Failed(why or f"another process did not finish measuring within the {self.budget_s:g} s "
+                          f"budget ({e})") from None
+
+    def _share(self, name: str, value: Any) -> Any:
+        """Process 0's `value` on every process (through the distributed key-value store), waited
+        for at most the budget."""
         import jax
 
         from autotuner.runtime.collective import DecisionError, _kv_client
@@ -253,7 +351,11 @@ class InJob:
                 payload = {"value": value}
             kv.key_value_set(key, json.dumps(payload), allow_overwrite=True)
             return value
-        payload = json.loads(kv.blocking_key_value_get(key, int(SHARE_TIMEOUT_S * 1000)))
+        try:
+            payload = json.loads(kv.blocking_key_value_get(key, max(1, int(self.budget_s * 1000))))
+        except Exception as e:  # noqa: BLE001 - process 0 did not say in time
+            raise _Failed(f"process 0 did not publish {name.split('/')[0]} within the {self.budget_s:g} s budget "
+                          f"({type(e).__name__}: {str(e)[:200]})") from None
         if "strategies" in payload:
             return [Strategy.from_dict(s) for s in payload["strategies"]]
         if "skip" in payload:

@@ -265,7 +265,7 @@ def test_the_searchs_ring_winner_is_split_into_traffic_and_overlap_from_one_sess
     control: the row's speedup is traffic x overlap from that session. On XLA:TPU the README's
     MLP-up ring wins by overlap: decomposed without it, it would be slower than plain jit."""
     from autotuner.cli.tune import winner_split
-    from autotuner.measure.session import controls_of
+    from autotuner.measure.session import controls_of, split
     from autotuner.tune.search import tune_problem
     from db import Database
 
@@ -279,7 +279,8 @@ def test_the_searchs_ring_winner_is_split_into_traffic_and_overlap_from_one_sess
     assert got.winner is not None and got.winner.strategy_key == ring.key, got.winner
     keys = [c.key for c in got.candidates]
     assert keys.count(ring.key) == 2 and keys[-1] == ring.serial().key   # the search's, then the split's
-    row = winner_split(got.winner, got.candidates, controls_of(got.candidates))
+    row = winner_split(got.winner)   # the stored winner's, from its own measurement
+    assert row == split(got.candidates[-2], controls_of(got.candidates)[id(got.candidates[-2])])
     assert row["serial_s"] > 0 and row["traffic_speedup"] < 1 < row["overlap_speedup"]
     assert math.isclose(row["traffic_speedup"] * row["overlap_speedup"], got.winner.speedup, rel_tol=1e-9)
     with database.session(read_only=True) as s:   # the control is stored, never the winner

@@ -8,6 +8,10 @@ CPU device each) whose processes see different things ends with both running the
   published (the job hung).
 - `dead1`: process 1's client is a service that does not answer (a closed port).
 - `fail1`: process 1's analysis raises: it runs plain jit, and so must process 0.
+- `tunefail1`: in-job tuning (`tune="missing"`), and process 1's measurement raises: process 0,
+  waiting for it, gives up within the budget; both end in-job tuning, naming process 1's error.
+- `store0`: in-job tuning, and process 0 raises storing the answer it measured (its client's
+  upload): the others, which waited up to an hour for that answer, hear of it and end tuning too.
 """
 
 from __future__ import annotations
@@ -21,7 +25,8 @@ from service.testing import free_port
 from tests.autotuner import two_processes
 
 WORKER = """
-    mode, tmp = sys.argv[3], sys.argv[4]
+    import time
+    mode, tmp, BUDGET = sys.argv[3], sys.argv[4], 20.0
     from autotuner import Device, Strategy
     from autotuner.overlap import overlap
     from autotuner.runtime.client import Client
@@ -30,10 +35,28 @@ WORKER = """
         x = jax.reshard(x, NamedSharding(mesh, P(None, None)))
         return jnp.einsum("ij,jk->ik", x, y, out_sharding=NamedSharding(mesh, P(None, None)))
 
-    client = None
+    client, tune = None, {}
     base = overlap(f, strategy="baseline").plan(a, b)   # every process prepares the same programs
     key, dkey = base[0].key, Device.current().key
-    if pid == 0:   # a snapshot naming a confident ring winner for the pair, and step evidence for it
+    if mode in ("tunefail1", "store0"):   # in-job tuning: process 0's client knows nothing yet
+        from autotuner.overlap import injob
+        injob.REPS, injob.MAX_CANDIDATES = 3, 2
+        tune = {"tune": "missing", "tune_budget_s": BUDGET}
+        if pid == 0:
+            path = f"{tmp}/snapshot.json"
+            with open(path, "w") as fh:
+                json.dump({"format": "autotuner-snapshot", "version": 1, "entries": []}, fh)
+            client = Client(offline=path, device=Device.current())
+            if mode == "store0":
+                def refuse(*a, **k):
+                    raise OSError("injected: process 0 cannot store the answer")
+                client.upload = refuse
+        elif mode == "tunefail1":
+            from autotuner.measure.local import LocalRunner
+            def broken(self, problem):
+                raise RuntimeError("injected: process 1's measurement fails")
+            LocalRunner.begin = broken
+    elif pid == 0:   # a snapshot naming a confident ring winner for the pair, and step evidence for it
         ring = Strategy("ring", "uni", 1, "full", "loop", True)
         doc = {"format": "autotuner-snapshot", "version": 1, "entries": [
             {"problem_key": key, "device_key": dkey, "strategy": ring.to_dict(), "speedup": 1.3,
@@ -52,11 +75,14 @@ WORKER = """
         def broken(*a, **k):
             raise RuntimeError("injected: this rank's analysis fails")
         hc.partitioned_texts = broken
-    plan = overlap(f, memory=None, client=client).plan(a, b)
-    result = np.asarray(overlap(f, memory=None, client=client)(a, b).addressable_shards[0].data)
+    t0 = time.perf_counter()
+    ov = overlap(f, memory=None, client=client, **tune)
+    plan = ov.plan(a, b)
+    seconds = time.perf_counter() - t0
+    result = np.asarray(ov(a, b).addressable_shards[0].data)
     with open(f"{tmp}/out{pid}.json", "w") as fh:
         json.dump({"rows": [[r.strategy.key, r.applied, r.source] for r in plan], "notes": plan.notes, "why": [r.note for r in plan],
-                   "error": float(np.abs(result - A @ B).max())}, fh)
+                   "error": float(np.abs(result - A @ B).max()), "seconds": seconds}, fh)
     jax.distributed.shutdown()
 """
 
@@ -87,3 +113,22 @@ def test_one_rank_failing_sends_every_rank_to_plain_jit(tmp_path: Path) -> None:
     r0, r1 = _job(tmp_path, "fail1")
     assert not any(applied for _k, applied, _s in r0["rows"] + r1["rows"]), (r0, r1)
     assert any("do not run one plan" in n and "process 1 runs plain" in n for n in r0["notes"]), r0["notes"]
+
+
+BUDGET_S = 20.0   # the workers' tune_budget_s: no process waits for another longer than this
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode,cause", [("tunefail1", "on process 1: the measurement failed (RuntimeError: injected"),
+                                        ("store0", "process 0 could not store the answer (OSError: injected")])
+def test_a_failure_in_in_job_tuning_ends_it_on_every_process(tmp_path: Path, mode: str, cause: str) -> None:
+    """One process fails while tuning in the job: every process ends in-job tuning within the
+    budget, saying which process failed and why, and runs one plan (equal digests) with plain jit's
+    result; before, process 0 waited at a device barrier for a process that never came (a hang),
+    or the others waited an hour for the answer process 0 never published."""
+    r0, r1 = _job(tmp_path, mode)
+    for r in (r0, r1):
+        assert any(cause in w for w in r["why"]), r["why"]
+        assert not any(s == "in-job" for _k, _a, s in r["rows"]), r["rows"]
+        assert r["seconds"] < 3 * BUDGET_S + 60, r["seconds"]   # waits bounded by the budget
+    assert _digest(r0) is not None and _digest(r0) == _digest(r1), (r0["notes"], r1["notes"])
