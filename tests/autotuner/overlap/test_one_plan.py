@@ -10,6 +10,9 @@ CPU device each) whose processes see different things ends with both running the
 - `fail1`: process 1's analysis raises: it runs plain jit, and so must process 0.
 - `tunefail1`: in-job tuning (`tune="missing"`), and process 1's measurement raises: process 0,
   waiting for it, gives up within the budget; both end in-job tuning, naming process 1's error.
+- `trunc1`: JAX's persistent cache on, each process its own; the texts the pass keeps beside it
+  are written by a first preparation, then process 1's are cut in half (a crash mid-write, a
+  full disk): it reads them as a miss and analyses again, and the job still runs one plan.
 - `store0`: in-job tuning, and process 0 raises storing the answer it measured (its client's
   upload): the others, which waited up to an hour for that answer, hear of it and end tuning too.
 """
@@ -75,6 +78,19 @@ WORKER = """
         def broken(*a, **k):
             raise RuntimeError("injected: this rank's analysis fails")
         hc.partitioned_texts = broken
+    truncated = 0
+    if mode == "trunc1":
+        import glob, os
+        jax.config.update("jax_compilation_cache_dir", f"{tmp}/cache{pid}")
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+        overlap(f, memory=None, client=client).plan(a, b)   # keeps its texts beside the cache
+        kept = glob.glob(f"{tmp}/cache{pid}/autotuner-partitioned/*")
+        assert kept, "nothing kept"
+        for path in kept if pid == 1 else []:
+            with open(path, "r+b") as fh:
+                fh.truncate(os.path.getsize(path) // 2)
+            truncated += 1
     t0 = time.perf_counter()
     ov = overlap(f, memory=None, client=client, **tune)
     plan = ov.plan(a, b)
@@ -82,7 +98,7 @@ WORKER = """
     result = np.asarray(ov(a, b).addressable_shards[0].data)
     with open(f"{tmp}/out{pid}.json", "w") as fh:
         json.dump({"rows": [[r.strategy.key, r.applied, r.source] for r in plan], "notes": plan.notes, "why": [r.note for r in plan],
-                   "error": float(np.abs(result - A @ B).max()), "seconds": seconds}, fh)
+                   "error": float(np.abs(result - A @ B).max()), "seconds": seconds, "truncated": truncated}, fh)
     jax.distributed.shutdown()
 """
 
@@ -100,9 +116,10 @@ def _digest(r: dict) -> str | None:   # type: ignore[type-arg]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("mode", ["client0", "dead1"])
+@pytest.mark.parametrize("mode", ["client0", "dead1", "trunc1"])
 def test_process_0s_plan_runs_on_every_process(tmp_path: Path, mode: str) -> None:
     r0, r1 = _job(tmp_path, mode)
+    assert r1["truncated"] > 0 if mode == "trunc1" else r1["truncated"] == 0
     assert r0["rows"] == [["ring-uni-c1-ufull-loop-send", True, "in-program"]], r0
     assert [r[:2] for r in r1["rows"]] == [r[:2] for r in r0["rows"]], (r0, r1)
     assert _digest(r0) is not None and _digest(r0) == _digest(r1), (r0["notes"], r1["notes"])
