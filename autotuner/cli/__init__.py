@@ -9,6 +9,9 @@ import os
 import sys
 from typing import Any
 
+# what the [tune] and [service] extras bring (pyproject.toml): missing, the command says which extra
+EXTRAS = frozenset({"typer", "rich", "yaml", "sqlalchemy", "alembic", "psycopg", "optuna", "fastapi", "uvicorn",
+                    "prometheus_client", "plotly", "jinja2"})
 COMMANDS = ("tune", "lab", "up", "db", "extract", "service", "costmodel", "plan_cmd", "bench", "tune_model")
 
 
@@ -29,7 +32,14 @@ def __getattr__(name: str) -> Any:
 
 def main() -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    app = _registered()
+    try:
+        app = _registered()
+    except ModuleNotFoundError as e:   # the bare package (a training image): the runtime only
+        if (e.name or "").split(".")[0] not in EXTRAS:
+            raise
+        sys.stderr.write(f"error: the autotuner command needs the package's [tune] extra (missing: {e.name}); "
+                         "install it with: pip install 'overlap-autotuner[tune]' (or [service], [all])\n")
+        sys.exit(2)
     from autotuner.cli.common import err
     from autotuner.errors import AutotunerError
 
