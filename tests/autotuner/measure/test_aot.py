@@ -287,3 +287,53 @@ def test_the_searchs_ring_winner_is_split_into_traffic_and_overlap_from_one_sess
         from db import repository as repo
 
         assert repo.get_winner(s, got.winner.device_key, p.key).strategy_key == ring.key
+
+
+def test_an_xla_windowed_winner_on_tpu_runs_plain_jit_whose_xla_windows_what_forcing_would(tpu_devices, tmp_path: Path):
+    """Where XLA's own decomposition is a pair's winner on TPU, the plan leaves the pair to plain
+    jit and says so, with the flags that would force it, and why they are not asked for: compiled
+    with them (`compiler_options`, or LIBTPU_INIT_ARGS), XLA:TPU windows exactly the pairs its
+    default windows (here an MLP up-projection whose operand is past its cutoff, and not one just
+    below it nor an attention output), so the forced program is plain jit's (issue 37)."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from autotuner import Client, overlap
+    from autotuner.decompose.xla import compiler_options
+    from autotuner.measure.aot import AotSpec, device_of
+    from autotuner.overlap.find import WINDOWED
+
+    devs = tpu_devices("v5e:2x4")
+    device = device_of(AotSpec.parse("aot:tpu:v5e:2x4"), devs)
+    mesh = mesh_on(devs, (8,), ("x",))
+
+    def sds(shape: tuple[int, ...], *spec: str | None) -> jax.ShapeDtypeStruct:
+        return jax.ShapeDtypeStruct(shape, jnp.bfloat16, sharding=NamedSharding(mesh, P(*spec)))
+
+    def up(x, w):
+        return jnp.einsum("sd,df->sf", x, w, out_sharding=NamedSharding(mesh, P(None, "x")))
+
+    def attn_out(a, v):
+        return jnp.einsum("bshk,hkd->bsd", a, v, out_sharding=NamedSharding(mesh, P(None, "x", None)))
+
+    windowed = Strategy("xla_windowed")
+    forced = compiler_options(windowed, "tpu")
+    for fn, args, xla in ((up, (sds((512, 1024), "x", None), sds((1024, 6144), None, "x")), True),
+                          (up, (sds((512, 1024), "x", None), sds((1024, 4096), None, "x")), False),
+                          (attn_out, (sds((2, 512, 16, 64), None, None, "x", None), sds((16, 64, 1024), "x", None, None)), False)):
+        lowered = jax.jit(fn).lower(*args)
+        assert (WINDOWED in lowered.compile().as_text()) == xla
+        assert (WINDOWED in lowered.compile(compiler_options=forced).as_text()) == xla   # nothing more
+    args = (sds((512, 1024), "x", None), sds((1024, 4096), None, "x"))
+    base = overlap(up, strategy="plain").plan(*args)
+    assert len(base) == 1 and base[0].xla == "", str(base)
+    snap = tmp_path / "snapshot.json"
+    snap.write_text(json.dumps({"format": "autotuner-snapshot", "version": 1, "entries": [
+        {"device_key": device.key, "problem_key": base[0].key, "strategy": windowed.to_dict(),
+         "strategy_key": windowed.key, "speedup": 1.2, "confidence": [1.1, 1.3], "record_id": 1,
+         "measured_at": "2026-12-06T00:00:00+00:00", "trials": 9}]}))
+    row = overlap(up, client=Client(offline=str(snap), device=device), memory=None).plan(*args)[0]
+    assert not row.applied and row.strategy.key == "plain", row
+    assert "plain jit runs it" in row.note and "LIBTPU_INIT_ARGS='--xla_tpu_enable_windowed_einsum_for_all_gather=true" in row.note
