@@ -292,7 +292,7 @@ def test_the_searchs_ring_winner_is_split_into_traffic_and_overlap_from_one_sess
 def test_an_xla_windowed_winner_on_tpu_runs_plain_jit_whose_xla_windows_what_forcing_would(tpu_devices, tmp_path: Path):
     """Where XLA's own decomposition is a pair's winner on TPU, the plan leaves the pair to plain
     jit and says so, with the flags that would force it, and why they are not asked for: compiled
-    with them (`compiler_options`, or LIBTPU_INIT_ARGS), XLA:TPU windows exactly the pairs its
+    with them (`compiler_options`), XLA:TPU windows exactly the pairs its
     default windows (here an MLP up-projection whose operand is past its cutoff, and not one just
     below it nor an attention output), so the forced program is plain jit's (issue 37)."""
     import jax
