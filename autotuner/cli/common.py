@@ -10,9 +10,9 @@ from pathlib import Path
 
 import typer
 
-from autotuner.program.console import db_url, err, fail, open_database, say
+from autotuner.program.console import DB_HELP, db_url, err, fail, open_database, say
 
-__all__ = ["SERVICE_TOKEN_ENV", "TOKEN_FILE_HELP", "app", "db_app", "db_url", "err", "fail", "fmt",
+__all__ = ["DB_HELP", "SERVICE_TOKEN_ENV", "TOKEN_FILE_HELP", "app", "db_app", "db_url", "err", "fail", "fmt",
            "open_database", "say", "token_of"]
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,

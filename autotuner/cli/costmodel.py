@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from autotuner.cli.common import app, err, fail, say
+from autotuner.cli.common import DB_HELP, app, err, fail, say
 
 HELP = """Calibrate the cost model on a target and store its parameters for the target's device.
 
@@ -51,8 +51,7 @@ def params_table(params: Any) -> Table:
 @app.command("calibrate", help=HELP)
 def calibrate_cmd(
     target: Annotated[str | None, typer.Option(help="inproc:N, lab:TOPOLOGY:N:RATE or local")] = None,
-    db: Annotated[str | None, typer.Option("--db", help="database URL (default AUTOTUNER_DB_URL, "
-                                           "else ./autotuner.db)")] = None,
+    db: Annotated[str | None, typer.Option("--db", help=DB_HELP)] = None,
     reps: Annotated[int, typer.Option(min=3, help="timed repetitions per program")] = 5,
     raw: Annotated[Path | None, typer.Option("--raw", help="also write the raw sweeps (JSON) here")] = None,
     store_raw: Annotated[bool, typer.Option("--store-raw/--no-store-raw",

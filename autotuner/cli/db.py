@@ -6,13 +6,13 @@ from typing import Annotated
 
 import typer
 
-from autotuner.cli.common import db_app, db_url, err
+from autotuner.cli.common import DB_HELP, db_app, db_url, err
 
 # -- db --------------------------------------------------------------------------------------------
 
 @db_app.command("upgrade")
 def db_upgrade(
-    db: Annotated[str | None, typer.Option("--db", help="database URL (default AUTOTUNER_DB_URL)")] = None,
+    db: Annotated[str | None, typer.Option("--db", help=DB_HELP)] = None,
     revision: Annotated[str, typer.Option(help="target revision")] = "head",
 ) -> None:
     """Create or migrate the schema (alembic upgrade)."""

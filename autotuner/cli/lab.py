@@ -20,9 +20,11 @@ app.add_typer(lab_app, name="lab")
 @lab_app.callback(invoke_without_command=True)
 def lab(
     ctx: typer.Context,
-    topology: Annotated[str, typer.Option(help="none, shared or ring")] = "shared",
-    n: Annotated[int, typer.Option("-n", "--n", min=1, max=8, help="processes")] = 2,
-    rate: Annotated[str, typer.Option(help="tbf rate per link, e.g. 2gbit")] = "2gbit",
+    target: Annotated[str | None, typer.Option(help="the lab, written as every command's --target: "
+                                               "lab:TOPOLOGY:N:RATE (e.g. lab:shared:2:2gbit) or lab:none:N")] = None,
+    topology: Annotated[str, typer.Option(hidden=True, help="none, shared or ring (old form of --target)")] = "shared",
+    n: Annotated[int, typer.Option("-n", "--n", min=1, max=8, hidden=True, help="processes (old form)")] = 2,
+    rate: Annotated[str, typer.Option(hidden=True, help="tbf rate per link (old form)")] = "2gbit",
 ) -> None:
     """Start an emulated multi-host CPU mesh, run a collective across it, and stop it."""
     if ctx.invoked_subcommand is not None:
@@ -30,7 +32,8 @@ def lab(
     from autotuner.lab import LabError, LabSpec, run_lab_smoke
 
     try:
-        spec = LabSpec.parse(f"lab:{topology}:{n}:{rate}" if topology != "none" else f"lab:none:{n}")
+        old = f"lab:{topology}:{n}:{rate}" if topology != "none" else f"lab:none:{n}"
+        spec = LabSpec.parse(target or old)
         result = run_lab_smoke(spec)
     except LabError as e:
         fail(str(e))

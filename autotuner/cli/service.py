@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 import typer
 
-from autotuner.cli.common import SERVICE_TOKEN_ENV, TOKEN_FILE_HELP, app, fail, token_of
+from autotuner.cli.common import DB_HELP, SERVICE_TOKEN_ENV, TOKEN_FILE_HELP, app, fail, token_of
 
 
 def _json_or_file(text: str, what: str) -> Any:
@@ -64,8 +64,7 @@ def _device(text: str | None, topology: str | None) -> Any:
 def serve(
     host: Annotated[str, typer.Option(help="address to listen on")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=1, max=65535)] = 8000,
-    db: Annotated[str | None, typer.Option("--db", help="database URL (default AUTOTUNER_DB_URL, "
-                                           "else ./autotuner.db)")] = None,
+    db: Annotated[str | None, typer.Option("--db", help=DB_HELP)] = None,
     workers: Annotated[int, typer.Option(min=1, max=64, help="uvicorn worker processes")] = 1,
     log_level: Annotated[str, typer.Option(help="uvicorn log level")] = "info",
     access_log: Annotated[bool, typer.Option(help="log every request")] = False,
@@ -88,8 +87,8 @@ def serve(
 @app.command()
 def lookup(
     ctx: typer.Context,
-    problem: Annotated[str, typer.Option("--problem", help="a Problem as JSON (object or list), or a "
-                                         "JSON/JSONL/YAML file of Problems")],
+    problem: Annotated[str, typer.Option("--problems", "--problem", help="a Problem as JSON (object or list), or "
+                                         "a JSON/JSONL/YAML file of Problems (as tune --problems)")],
     service: Annotated[str | None, typer.Option(help="service URL (default AUTOTUNER_SERVICE_URL)")] = None,
     device: Annotated[str | None, typer.Option(help="device fingerprint as JSON or a file (default: "
                                                "this host's devices)")] = None,

@@ -14,6 +14,7 @@ import typer
 from rich.table import Table
 
 from autotuner.cli.common import (
+    DB_HELP,
     SERVICE_TOKEN_ENV,
     TOKEN_FILE_HELP,
     app,
@@ -57,6 +58,13 @@ def file_names(path: str, n: int) -> list[str | None]:
     return [x if isinstance(x, str) and x else None for x in names]
 
 
+INPROC_CPU_WARNING = (
+    "warning: inproc on CPU: the devices are threads of this one process sharing its cores, and their "
+    "collectives are memory copies, so these timings say nothing of a real interconnect (correctness and "
+    "plumbing only); for measured winners use --target lab:shared:N:RATE (real processes over shaped links), "
+    "local on a GPU/TPU host, or aot:tpu:TOPOLOGY for XLA:TPU's estimates")
+
+
 @app.command()
 def tune(
     ctx: typer.Context,
@@ -64,8 +72,7 @@ def tune(
                                                  "or 'suite' for the built-in transformer suite")] = None,
     target: Annotated[str | None, typer.Option(help="inproc:N, lab:TOPOLOGY:N:RATE, local, or aot:tpu:TOPOLOGY "
                                                "(XLA:TPU compile, estimated times)")] = None,
-    db: Annotated[str | None, typer.Option("--db", help="database URL (default AUTOTUNER_DB_URL, "
-                                           "else ./autotuner.db)")] = None,
+    db: Annotated[str | None, typer.Option("--db", help=DB_HELP)] = None,
     service: Annotated[str | None, typer.Option(help="upload results to this service URL instead")] = None,
     token: Annotated[str | None, typer.Option(envvar=SERVICE_TOKEN_ENV, help="write token for --service "
                                               "(better: the environment variable, or --token-file)")] = None,
@@ -148,6 +155,8 @@ def tune(
             items = items if items is not None else load_items(problems, ts.num_devices, scale)
             err.print(f"target {tgt.text}: {len(items)} problem(s), run {run_id}", highlight=False)
             err.print(f"device {ts.device.label} ({ts.device.key[:8]})", highlight=False)
+            if tgt.kind == "inproc" and ts.device.platform == "cpu":
+                err.print(INPROC_CPU_WARNING, highlight=False)
             if ts.estimates:
                 err.print(ESTIMATED + ": every candidate is compiled for the target, nothing runs; "
                           "--reps, --precision and --aa do not apply", highlight=False)

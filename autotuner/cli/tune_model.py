@@ -17,7 +17,7 @@ from typing import Annotated, Any
 
 import typer
 
-from autotuner.cli.common import app, db_url, err, fail, open_database, say
+from autotuner.cli.common import DB_HELP, app, db_url, err, fail, open_database, say
 from autotuner.program.factory import TOLERANCE_HELP
 from autotuner.program.load import FACTORY_HELP, MEMORY_HELP
 
@@ -65,7 +65,7 @@ def tune_model_cmd(
     target: Annotated[str, typer.Argument(metavar="MODULE:FACTORY", help="a factory of (fn, args)")],
     on: Annotated[str, typer.Option("--target", help="inproc:N, lab:TOPOLOGY:N:RATE, local, or aot:tpu:TOPOLOGY "
                                     "(the isolated search only: estimates, no step to time)")] = "inproc:4",
-    db: Annotated[str, typer.Option("--db", help="results database URL (winners, measurements, evidence)")] = "",
+    db: Annotated[str | None, typer.Option("--db", help=DB_HELP + ": winners, measurements, evidence")] = None,
     mesh: Annotated[str | None, typer.Option("--mesh", help='mesh axes, e.g. \'{"model": 2}\'')] = None,
     kwargs: Annotated[str | None, typer.Option("--kwargs", help="JSON object of keyword arguments for the factory")] = None,
     explicit: Annotated[bool, typer.Option("--explicit/--auto", help="axis types of the --mesh")] = False,
@@ -81,8 +81,6 @@ def tune_model_cmd(
 ) -> None:
     from autotuner.program.on_target import target_args
 
-    if not db:
-        fail("--db is required: tune-model stores winners and in-program evidence there")
     tgt, shape, fkw, bound = target_args(on, mesh, kwargs, memory)
     url = db_url(db)
     open_database(url).engine.dispose()   # created and migrated here, once

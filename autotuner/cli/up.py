@@ -11,7 +11,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from autotuner.cli.common import app, db_url, err, fail, fmt, open_database, say
+from autotuner.cli.common import DB_HELP, app, db_url, err, fail, fmt, open_database, say
 from autotuner.cli.tune import print_summary, say_model, tune_one
 
 # -- the main job (make run) -----------------------------------------------------------------------
@@ -59,7 +59,7 @@ def _start_with_fallback(tgt: Any) -> Any:
 def up(
     host: Annotated[str, typer.Option(help="address the service listens on")] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=1, max=65535)] = 8000,
-    db: Annotated[str | None, typer.Option("--db", help="database URL (default ./autotuner.db)")] = None,
+    db: Annotated[str | None, typer.Option("--db", help=DB_HELP)] = None,
     target: Annotated[str | None, typer.Option(help="override the chosen target")] = None,
     trials: Annotated[int, typer.Option(min=1, help="trial budget per shape")] = 6,
     reps: Annotated[int, typer.Option(min=3)] = 5,

@@ -24,6 +24,9 @@ def fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
+DB_HELP = "the results database URL (default AUTOTUNER_DB_URL, else ./autotuner.db)"
+
+
 def db_url(db: str | None) -> str:
     from autotuner.settings import get_settings, normalize_db_url
 

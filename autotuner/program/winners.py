@@ -18,8 +18,9 @@ from typing import Any
 
 from autotuner.program.console import db_url, fail, open_database
 
-SOURCE_HELP = ("winners from a results database URL (--db), a service (--service URL) or a snapshot "
-               "file (--snapshot); default: AUTOTUNER_SERVICE_URL if set, else none (all baseline)")
+SOURCE_HELP = ("winners from the results database (--db URL), a service (--service URL) or a snapshot file "
+               "(--snapshot); none given: AUTOTUNER_SERVICE_URL if set, else the results database "
+               "(AUTOTUNER_DB_URL, else ./autotuner.db) where it exists, else none (every pair baseline)")
 
 
 def _from_db(url: str) -> dict[str, Any]:
@@ -93,6 +94,17 @@ class Winners:
     device: Any = None            # the Device whose winners it answers
 
 
+def _default_db() -> str | None:
+    """The results database `--db` means by default (AUTOTUNER_DB_URL, else ./autotuner.db), where
+    it exists: a SQLite file that is there, or any other URL the environment names."""
+    import os
+
+    url = db_url(None)
+    if not url.startswith("sqlite:///"):
+        return url
+    return url if os.environ.get("AUTOTUNER_DB_URL") or Path(url.removeprefix("sqlite:///")).is_file() else None
+
+
 def make_client(*, db: str | None, service: str | None, snapshot: str | None, device: str | None,
                 n: int, tmpdir: str, prefer: str | None = None) -> Winners:
     """The client for the winners source given (see the module docs); `prefer`: the device key
@@ -101,13 +113,19 @@ def make_client(*, db: str | None, service: str | None, snapshot: str | None, de
     if len(given) > 1:
         fail("give at most one of --db, --service, --snapshot")
     if not given:
-        if device:
-            fail("--device needs --db, --service or --snapshot")
         from autotuner.runtime.client import default_client
 
         c = default_client()
-        return Winners(c, "winners from the configured service" if c is not None
-                       else "no winners source (--db, --service, --snapshot): every pair stays baseline")
+        if c is not None:
+            if device:
+                fail("--device needs --db, --service or --snapshot (the configured service answers for this host)")
+            return Winners(c, "winners from the configured service")
+        db = _default_db()
+        if db is None:
+            if device:
+                fail("--device needs --db, --service or --snapshot")
+            return Winners(None, "no winners source (--db, --service, --snapshot, or ./autotuner.db): every pair "
+                                 "stays baseline")
     from autotuner.snapshot import SnapshotError, check, load
 
     where = f"--db {db}" if db else f"--service {service}" if service else f"--snapshot {snapshot}"

@@ -65,13 +65,13 @@ def test_lookup_and_snapshot_commands(sqlite_url, tmp_path):
         runner = CliRunner()
         problems = tmp_path / "problems.jsonl"
         problems.write_text(json.dumps(problem()) + "\n" + json.dumps(problem(64, 64, 64)) + "\n")
-        res = runner.invoke(_cli(), ["lookup", "--service", url, "--problem", str(problems),
+        res = runner.invoke(_cli(), ["lookup", "--service", url, "--problems", str(problems),
                                      "--device", json.dumps(DEVICE)])
         assert res.exit_code == 0, res.output
         rows = [json.loads(line) for line in res.stdout.splitlines()]
         assert [(r["source"], r["strategy_key"]) for r in rows] == [
             ("tuned", "ring-uni-c1-ufull-loop-send"), ("default", "baseline")]
-        res = runner.invoke(_cli(), ["lookup", "--service", url, "--problem", json.dumps(problem()),
+        res = runner.invoke(_cli(), ["lookup", "--service", url, "--problems", json.dumps(problem()),
                                      "--device", json.dumps(DEVICE)])
         assert res.exit_code == 0 and json.loads(res.stdout)["origin"] == "service"
 
@@ -82,7 +82,7 @@ def test_lookup_and_snapshot_commands(sqlite_url, tmp_path):
                                      "--out", str(snap)])
         assert res.exit_code == 0, res.output
         assert len(json.loads(snap.read_text())["entries"]) == 1
-    res = runner.invoke(_cli(), ["lookup", "--snapshot", str(snap), "--problem", json.dumps(problem()),
+    res = runner.invoke(_cli(), ["lookup", "--snapshot", str(snap), "--problems", json.dumps(problem()),
                                  "--device", json.dumps(DEVICE)])
     assert res.exit_code == 0 and json.loads(res.stdout)["origin"] == "snapshot"
     res = runner.invoke(_cli(), ["lookup", "--problem", "{bad", "--service", "http://127.0.0.1:9"])

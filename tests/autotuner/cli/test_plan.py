@@ -106,6 +106,7 @@ def test_plan_from_the_database_a_tune_wrote(tmp_path):
     r = run(["tune", "--problems", "p.json", "--target", "inproc:2", "--exhaustive", "--reps", "3",
              "--precision", "0", "--db", "sqlite:///t.db", "--json"], tmp_path)  # fixed repetitions
     assert r.returncode == 0, r.stderr
+    assert "warning: inproc on CPU" in r.stderr   # timings of threads sharing one process's cores
     tuned = json.loads(r.stdout.splitlines()[0])
     # without the memory bound (test_memory.py has it): on this toy program a winning ring passes
     # +5% temp memory, and whether a ring wins depends on the timings
@@ -121,3 +122,9 @@ def test_plan_from_the_database_a_tune_wrote(tmp_path):
         # row's strategy as it is; a ring left alone says why
         assert (row["strategy"] == winner.key and not winner.rewrites) or (
             row["strategy"] == "baseline" and "interval" in row["note"])
+    # --db means the same everywhere: without it, plan reads the results database tune writes by
+    # default (./autotuner.db) where it exists
+    (tmp_path / "t.db").rename(tmp_path / "autotuner.db")
+    r = run(["plan", "tiny:program", "--json", "--memory", "none"], tmp_path)
+    assert r.returncode == 0 and "winners from --db sqlite:///" in r.stderr and "autotuner.db" in r.stderr, r.stderr
+    assert [json.loads(x) for x in r.stdout.splitlines()] == [row]

@@ -143,6 +143,6 @@ def test_usage_errors_are_one_line_and_the_smoke_command_still_works(
         r = runner.invoke(app, ["lab", "run", *args])
         assert r.exit_code == 2, (args, r.output)
         assert needle in r.output and "Traceback" not in r.output, r.output
-    r = runner.invoke(app, ["lab", "--topology", "none", "-n", "2"])  # no subcommand: the smoke
+    r = runner.invoke(app, ["lab", "--target", "lab:none:2"])  # no subcommand: the smoke
     assert r.exit_code == 0, r.output
     assert '"label": "lab-none"' in r.output and '"ok": true' in r.output
