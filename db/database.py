@@ -30,7 +30,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util.exc import CommandError
 from sqlalchemy import Engine, create_engine, event, make_url
-from sqlalchemy.engine import URL
+from sqlalchemy.engine import URL, Connection
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
@@ -242,12 +242,34 @@ def check_schema(engine: Engine) -> None:
     )
 
 
+@contextmanager
+def migration_connection(engine: Engine) -> Iterator[Connection]:
+    """A connection in one transaction for migrations. On SQLite with foreign keys off while they
+    run: batch mode recreates a table by copy, drop and rename, and with foreign keys on, dropping
+    the old parent table cascades to its children's rows (a downgrade once deleted every
+    measurement and winner). The keys are checked before the commit (SchemaError if one dangles)
+    and switched on again after."""
+    with engine.connect() as conn:
+        raw = conn.connection.dbapi_connection if engine.dialect.name == "sqlite" else None
+        if raw is not None:
+            raw.execute("PRAGMA foreign_keys=OFF")   # outside any transaction, where SQLite honours it
+        try:
+            with conn.begin():
+                yield conn
+                if raw is not None and (bad := conn.exec_driver_sql("PRAGMA foreign_key_check").fetchall()):
+                    raise SchemaError(f"the migration would leave {len(bad)} row(s) whose parent is gone "
+                                      f"(first: table {bad[0][0]}, row {bad[0][1]}); nothing was changed")
+        finally:
+            if raw is not None:
+                raw.execute("PRAGMA foreign_keys=ON")
+
+
 def _run_alembic(url_or_engine: str | Engine, fn: Any, revision: str) -> None:
     own = not isinstance(url_or_engine, Engine)
     engine = make_engine(url_or_engine) if own else url_or_engine
     assert isinstance(engine, Engine)
     try:
-        with engine.begin() as conn:
+        with migration_connection(engine) as conn:
             cfg = alembic_config()
             cfg.attributes["connection"] = conn
             fn(cfg, revision)

@@ -5,7 +5,8 @@ an open connection in ``config.attributes["connection"]`` (inside a transaction 
 When run from the alembic command line it connects to ``-x url=...``, else to
 ``config.attributes["url"]``, else to ``AUTOTUNER_DB_URL`` (:class:`autotuner.settings.Settings`).
 
-SQLite gets ``render_as_batch=True`` (ALTER TABLE by copy-and-move). On PostgreSQL an
+SQLite gets ``render_as_batch=True`` (ALTER TABLE by copy-and-move), with foreign keys off while
+the migrations run (`db.database.migration_connection`). On PostgreSQL an
 advisory transaction lock serialises concurrent upgrades (e.g. several replicas starting).
 """
 
@@ -18,7 +19,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
 from autotuner.settings import get_settings
-from db.database import make_engine
+from db.database import make_engine, migration_connection
 from db.tables import Base
 
 config = context.config
@@ -74,7 +75,7 @@ def run_migrations_online() -> None:
         return
     engine = make_engine(_url())
     try:
-        with engine.begin() as conn:
+        with migration_connection(engine) as conn:
             _run(conn)
     finally:
         engine.dispose()

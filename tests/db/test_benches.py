@@ -12,6 +12,7 @@ from sqlalchemy import text
 from db import (
     Database,
     NotFoundError,
+    SchemaError,
     current_revision,
     downgrade,
     head_revision,
@@ -106,6 +107,10 @@ def test_0007_and_later_keep_a_0006_database(empty_db_url: str) -> None:
             repo.record_model_bench(s, dev.id, **bench_values())
         with Database(empty_db_url) as database, database.session(read_only=True) as s:
             assert [b.program for b in repo.list_model_benches(s)] == [bench_values()["program"]]
+        with pytest.raises(SchemaError, match="below 0007 would drop model_benches"):
+            downgrade(empty_db_url, "0005")   # a bench run is a result: refused, nothing changed
+        with engine.begin() as conn:
+            conn.execute(text("DELETE FROM model_benches"))
         downgrade(empty_db_url, "0005")
         assert current_revision(engine) == "0005"
         with engine.connect() as conn:

@@ -94,7 +94,7 @@ DEVICE = {"key": "dev-1", "platform": "cpu", "device_kind": "cpu", "num_devices"
 
 def test_upgrade_a_kept_0001_database_with_data(empty_db_url: str) -> None:
     """A database left at 0001 with results in it: 0002 adds calibrations and keeps every row;
-    downgrading to 0001 drops only the calibrations."""
+    downgrading to 0001 refuses while a calibration would go, then drops only that table."""
     engine = make_engine(empty_db_url)
     try:
         upgrade(empty_db_url, "0001")
@@ -126,6 +126,12 @@ def test_upgrade_a_kept_0001_database_with_data(empty_db_url: str) -> None:
             got = repo.get_calibration(s, "dev-1", model="costmodel-v1")
             assert got is not None and got.params == {"alpha": 1e-4}
 
+        # the calibration is a result: the downgrade that would drop it refuses, changing nothing
+        with pytest.raises(SchemaError, match=r"below 0002 would drop calibrations \(1 row\)"):
+            downgrade(empty_db_url, "0001")
+        assert current_revision(engine) == head_revision()
+        with engine.begin() as conn:
+            conn.execute(text("DELETE FROM calibrations"))
         downgrade(empty_db_url, "0001")
         assert current_revision(engine) == "0001"
         assert table_names(empty_db_url) == TABLES_0001 | {"alembic_version"}

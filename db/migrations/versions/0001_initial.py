@@ -16,6 +16,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
+from db.downgrade_guard import refuse_to_drop_rows
+
 revision: str = "0001"
 down_revision: str | None = None
 branch_labels: str | Sequence[str] | None = None
@@ -214,7 +216,9 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    # Indexes go with their tables; children before parents.
+    # the results (demand and the job queue are derived, and go); indexes go with their tables
+    refuse_to_drop_rows("devices", "problems", "measurements", "winners", "tokens", revision="0001")
+    # children before parents
     for table in (
         "tokens",
         "demand",

@@ -15,6 +15,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
+from db.downgrade_guard import refuse_to_drop_rows
+
 revision: str = "0002"
 down_revision: str | None = "0001"
 branch_labels: str | Sequence[str] | None = None
@@ -47,4 +49,5 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    refuse_to_drop_rows("calibrations", revision="0002")
     op.drop_table("calibrations")  # its index goes with it

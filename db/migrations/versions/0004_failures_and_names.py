@@ -18,6 +18,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
+from db.downgrade_guard import refuse_to_drop_rows
+
 revision: str = "0004"
 down_revision: str | None = "0003"
 branch_labels: str | Sequence[str] | None = None
@@ -48,6 +50,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    refuse_to_drop_rows("failures", revision="0004")
     op.drop_table("failures")  # its index goes with it
     with op.batch_alter_table("problems") as batch:
         batch.drop_column("name")

@@ -17,6 +17,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
+from db.downgrade_guard import refuse_to_drop_rows
+
 revision: str = "0007"
 down_revision: str | None = "0006"
 branch_labels: str | Sequence[str] | None = None
@@ -60,4 +62,5 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    refuse_to_drop_rows("model_benches", revision="0007")
     op.drop_table("model_benches")  # its indexes go with it

@@ -18,6 +18,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
+from db.downgrade_guard import refuse_to_drop_rows
+
 revision: str = "0008"
 down_revision: str | None = "0007"
 branch_labels: str | Sequence[str] | None = None
@@ -54,6 +56,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    refuse_to_drop_rows("step_evidence", revision="0008")
     with op.batch_alter_table("model_benches") as batch:
         batch.drop_column("attribution")
     op.drop_table("step_evidence")  # its indexes go with it
