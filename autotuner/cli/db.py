@@ -31,10 +31,8 @@ def db_export(
 ) -> None:
     """Every table of the results database to FILE (a backup beyond /v1/snapshot's winners)."""
     from autotuner.settings import redact_db_url
-    from db import Database
+    from db import Database, StorageError
     from db.export import export_rows, write_export
-
-    from db import StorageError
 
     url = db_url(db)
     try:
@@ -57,9 +55,8 @@ def db_import(
     """Fill an empty results database with an export's rows, ids included (a new SQLite file is
     created at the current revision first)."""
     from autotuner.settings import redact_db_url
-    from db.export import import_rows, read_export
-
     from db import StorageError
+    from db.export import import_rows, read_export
 
     url = db_url(db)
     try:

@@ -14,7 +14,15 @@ from sqlalchemy import inspect, text
 
 from autotuner import Device, Problem, Strategy
 from autotuner.tune.store import device_values, problem_values
-from db import Database, SchemaError, current_revision, downgrade, head_revision, make_engine, upgrade
+from db import (
+    Database,
+    SchemaError,
+    current_revision,
+    downgrade,
+    head_revision,
+    make_engine,
+    upgrade,
+)
 from db import repository as repo
 from service.testing import measurements, problem
 from tests.db.test_benches import bench_values
