@@ -1,4 +1,5 @@
-"""GET /healthz (liveness and the database's schema) and GET /metrics (Prometheus)."""
+"""GET /healthz (readiness: the database answers at the schema this code expects), GET /livez
+(liveness: the process serves, whatever the database does) and GET /metrics (Prometheus)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,13 @@ def healthz(state: StateDep) -> Health | JSONResponse:
         body = Health(status="unavailable", database=str(e), dialect=db.dialect, version=VERSION)
         return JSONResponse(body.model_dump(mode="json"), status_code=503)
     return Health(status="ok", database="ok", dialect=db.dialect, version=VERSION)
+
+
+@router.get("/livez")
+def livez() -> dict[str, str]:
+    """200 while this process serves requests. It asks nothing of the database: a database outage
+    or a migration makes replicas unready (/healthz), and restarting them would not help."""
+    return {"status": "ok", "version": VERSION}
 
 
 @router.get("/metrics", response_model=None, response_class=Response,

@@ -56,6 +56,7 @@ K8S = "deploy/k8s"
 README = "deploy/README.md"
 IMAGE_NAME = "overlap-autotuner"
 HEALTH_PATH = "/healthz"
+LIVE_PATH = "/livez"
 # AUTOTUNER_* names the deploy files use that are not settings: compose variables only,
 # interpolated into a command line (never a container's environment: the code ignores them).
 DEPLOY_ONLY_VARS = {"AUTOTUNER_WORKER_TOKEN": "the tuner worker's token (docker-compose.yml)",
@@ -886,8 +887,9 @@ def check_healthcheck(d: Deploy) -> list[str]:
     python:slim); EXPOSE and the default CMD agree; /healthz is a route of the service."""
     errors = serve_missing()
     port = serve_port()
-    if HEALTH_PATH not in get_routes():
-        errors.append(f"the service has no GET {HEALTH_PATH} route (routes: {sorted(get_routes())})")
+    for path in (HEALTH_PATH, LIVE_PATH):
+        if path not in get_routes():
+            errors.append(f"the service has no GET {path} route (routes: {sorted(get_routes())})")
     hc = d.last("HEALTHCHECK")
     if hc is None:
         return [*errors, f"{DOCKERFILE}: no HEALTHCHECK"]
@@ -1275,9 +1277,10 @@ def check_k8s_service(d: Deploy) -> list[str]:
                 continue
             get = p.get("httpGet") or {}
             got_port = named.get(get.get("port"), get.get("port"))
-            if get.get("path") != HEALTH_PATH or got_port != listen:
+            want = LIVE_PATH if probe == "livenessProbe" else HEALTH_PATH   # liveness never asks the database
+            if get.get("path") != want or got_port != listen:
                 errors.append(f"{c.where}: {probe} asks {get.get('path')} on port {got_port}, "
-                              f"expected {HEALTH_PATH} on {listen}")
+                              f"expected {want} on {listen}")
         if c.doc["kind"] == "Deployment":
             pod_labels = c.doc["spec"]["template"]["metadata"].get("labels") or {}
             svcs = [doc for _, doc in d.k8s("Service")
@@ -1769,6 +1772,8 @@ MISTAKES = [
      (README, "export AUTOTUNER_WORKER_TOKEN=$(openssl rand -hex 24)\n", ""), "AUTOTUNER_WORKER_TOKEN"),
     ("a probe on another path", check_k8s_service, ("deploy/k8s/30-deployment.yaml", "path: /healthz", "path: /health"),
      "asks /health on port"),
+    ("a liveness probe that asks the database", check_k8s_service,
+     ("deploy/k8s/30-deployment.yaml", "path: /livez", "path: /healthz"), "livenessProbe asks /healthz"),
     ("a containerPort off serve's port", check_k8s_service,
      ("deploy/k8s/30-deployment.yaml", "containerPort: 8000", "containerPort: 8080"), "do not include"),
     ("serve on loopback in the Deployment", check_k8s_service,

@@ -74,6 +74,8 @@ def test_healthz_reports_an_unmigrated_database(testclient_cls, tmp_path):
         r = c.get("/healthz")
         assert r.status_code == 503 and r.json()["status"] == "unavailable"
         assert "autotuner db upgrade" in r.json()["database"]
+        # unready, but alive: the liveness probe does not restart a replica for its database
+        assert c.get("/livez").status_code == 200 and c.get("/livez").json()["status"] == "ok"
         r = lookup(c, problem())
         assert r.status_code == 503 and "no such table" in r.json()["detail"]
     with pytest.raises(SchemaError, match="autotuner db upgrade"):
