@@ -65,7 +65,18 @@ def error_body(status: int, exc: Exception) -> dict[str, Any]:
         elif isinstance(exc, StrategyError):
             loc += ["strategy", exc.field]
         return {"detail": [{"type": "value_error", "loc": loc, "msg": str(exc)}]}
+    if status == 503:   # the database's URL, user and host, or its driver's words, stay in the log
+        return {"detail": public_storage_error(exc)}
     return {"detail": str(exc)}
+
+
+def public_storage_error(exc: Exception) -> str:
+    """What a client is told of a database problem: its kind and the fix, never the database's
+    name, host or user, nor the driver's message (the service logs those)."""
+    if isinstance(exc, SchemaError):
+        return ("the results database is not at the schema this service reads: an operator runs "
+                "`autotuner db upgrade` (or upgrades the service); details are in the service's log")
+    return "the results database is unavailable; details are in the service's log"
 
 
 async def _domain_error(request: Request, exc: Exception) -> JSONResponse:

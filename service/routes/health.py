@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 from importlib import metadata
 
 from fastapi import APIRouter
@@ -10,9 +11,11 @@ from fastapi.responses import JSONResponse, Response
 
 from db import StorageError
 from service.deps import StateDep
+from service.errors import public_storage_error
 from service.schemas import Health
 
 router = APIRouter(tags=["health"])
+log = logging.getLogger("service")
 
 try:
     VERSION = metadata.version("overlap-autotuner")
@@ -27,8 +30,9 @@ def healthz(state: StateDep) -> Health | JSONResponse:
     db = state.database
     try:
         db.check_schema()
-    except StorageError as e:  # SchemaError included
-        body = Health(status="unavailable", database=str(e), dialect=db.dialect, version=VERSION)
+    except StorageError as e:  # SchemaError included; the URL and the driver's words go to the log only
+        log.warning("GET /healthz: %s: %s", type(e).__name__, e)
+        body = Health(status="unavailable", database=public_storage_error(e), dialect=db.dialect, version=VERSION)
         return JSONResponse(body.model_dump(mode="json"), status_code=503)
     return Health(status="ok", database="ok", dialect=db.dialect, version=VERSION)
 
