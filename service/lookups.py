@@ -18,7 +18,7 @@ made by any process; a result posted to this process drops its entries at once),
 answer that is not ``tuned`` counts one miss: misses are buffered (at most
 ``settings.demand_max_pending`` distinct ones; more are dropped and counted) and written by a
 background thread every ``DEMAND_FLUSH_SECONDS`` (once the app has started; before that,
-synchronously), so the lookup path never waits for a write; ``GET /v1/demand`` flushes first.
+synchronously), so the lookup path never waits for a write; no read flushes (a read writes nothing).
 Each write keeps the demand table within ``settings.demand_max_rows`` rows
 (``repository.trim_demand``: the least missed go).
 

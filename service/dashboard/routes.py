@@ -90,7 +90,6 @@ def overview(request: Request, _: ReadAuth, state: StateDep, s: ReadSessionDep) 
         params = parse(OverviewParams, request.query_params)
     except BadParams as e:
         return _bad(request, e)
-    state.lookups.demand.flush()  # this process's buffered misses first (as /v1/demand does)
     devices = repo.list_devices(s)
     tuned = views.tuned_by_device(repo.tuned_counts(s))
     bins = repo.speedup_histogram(s, device_key=params.device)

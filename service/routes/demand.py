@@ -25,8 +25,8 @@ def list_demand(
 ) -> DemandPage:
     """Lookup misses counted per (device, problem): most missed first, then most recent.
     `untuned_only` leaves out pairs that have a winner by now. Each item carries the canonical
-    problem and the device fingerprint, ready for `POST /v1/jobs`."""
-    state.lookups.demand.flush()  # this process's buffered misses first
+    problem and the device fingerprint, ready for `POST /v1/jobs`. A read writes nothing: the
+    misses of the last flush interval (DEMAND_FLUSH_SECONDS, 0.5 s) may not be counted yet."""
     with state.database.session(read_only=True) as s:
         items = repo.list_demand(s, limit, offset=offset, device_key=device_key,
                                  untuned_only=untuned_only)

@@ -42,6 +42,9 @@ def test_uvicorn_process(db_url):
             assert tuned["source"] == "tuned" and tuned["strategy"] == RING
             batch = h.post("/v1/lookup/batch", json={"device": DEVICE, "problems": [problem(), problem(64, 64, 64)]})
             assert [r["source"] for r in batch.json()["results"]] == ["tuned", "default"]
+            deadline = time.monotonic() + 10   # a read writes nothing: the misses arrive within 0.5 s
+            while [d["count"] for d in h.get("/v1/demand").json()["items"]] != [1, 1] and time.monotonic() < deadline:
+                time.sleep(0.1)
             demand = h.get("/v1/demand").json()["items"]  # the first lookup and the far one
             assert [d["count"] for d in demand] == [1, 1]
             job = h.post("/v1/jobs", json=body, headers=WRITE_HEADERS).json()

@@ -78,6 +78,7 @@ def _scenario(make_client: Any) -> dict[str, Any]:
 
     keep("problems", c.get("/v1/problems", params={"tuned_only": "false", "sort": "key", "desc": "false"}), 200)
     keep("problem_detail", c.get("/v1/problems/1"), 200)
+    c.app.state.autotuner.lookups.demand.flush()   # what the background writer does every 0.5 s
     keep("demand", c.get("/v1/demand", params={"limit": 1}), 200)  # the others: ties by time
     keep("devices", c.get("/v1/devices"), 200)
     with c.app.state.autotuner.database.session() as s:  # as `bench-model --db` stores a run
