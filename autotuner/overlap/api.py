@@ -2,7 +2,7 @@
 
 >>> step = overlap(train_step)                     # doctest: +SKIP
 >>> print(step.plan(params, batch))                # what will change, pair by pair
->>> params, loss = step(params, batch)             # like jax.jit(train_step)(params, batch)
+>>> loss, params = step(params, batch)             # like jax.jit(train_step)(params, batch): the example's step returns (loss, new params)
 
 How it works, per input signature (tree, shapes, dtypes, shardings, static values), once:
 
