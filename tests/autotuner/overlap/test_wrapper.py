@@ -6,6 +6,7 @@ same process asks its own service (the decisions of no client never answer for i
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 import httpx
@@ -81,6 +82,8 @@ def test_with_no_client_it_warns_then_a_client_in_the_same_process_is_asked(
         caplog.clear()
         plan = overlap(loss, client=client).plan(*args)   # same problem, same process: asked anew
         assert [r.source for r in plan] == ["default"] and not _warnings(caplog, "no tuning client")
-        demand = httpx.get(f"{url}/v1/demand").json()["items"]
+        deadline = time.monotonic() + 10   # the service writes its misses every 0.5 s (a read writes nothing)
+        while not (demand := httpx.get(f"{url}/v1/demand").json()["items"]) and time.monotonic() < deadline:
+            time.sleep(0.1)
         assert {d["problem_key"] for d in demand} == {plan[0].key}, demand   # the service counted the miss
     database.dispose()
