@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
@@ -264,17 +265,39 @@ def migration_connection(engine: Engine) -> Iterator[Connection]:
                 raw.execute("PRAGMA foreign_keys=ON")
 
 
+# PostgreSQL: how long a migration waits for a table's lock before it gives up (every lookup would
+# queue behind its ALTER meanwhile), and how often it tries
+LOCK_TIMEOUT_S = 5.0
+MIGRATION_TRIES = 3
+
+
+def _lock_timeout(exc: BaseException) -> bool:
+    return getattr(getattr(exc, "orig", None), "sqlstate", None) == "55P03"   # lock_not_available
+
+
 def _run_alembic(url_or_engine: str | Engine, fn: Any, revision: str) -> None:
     own = not isinstance(url_or_engine, Engine)
     engine = make_engine(url_or_engine) if own else url_or_engine
     assert isinstance(engine, Engine)
     try:
-        with migration_connection(engine) as conn:
-            cfg = alembic_config()
-            cfg.attributes["connection"] = conn
-            fn(cfg, revision)
-    except SQLAlchemyError as exc:
-        raise translate_error(exc) from exc
+        for attempt in range(1, MIGRATION_TRIES + 1):
+            try:
+                with migration_connection(engine) as conn:
+                    cfg = alembic_config()
+                    cfg.attributes["connection"] = conn
+                    fn(cfg, revision)
+                return
+            except SQLAlchemyError as exc:
+                if not _lock_timeout(exc):
+                    raise translate_error(exc) from exc
+                if attempt == MIGRATION_TRIES:
+                    raise SchemaError(
+                        f"the migration gave up waiting {LOCK_TIMEOUT_S:g} s for a table's lock, {attempt} times: "
+                        "another connection holds it (a long query or an open transaction); nothing was "
+                        "changed; run it again when that ends") from exc
+                log.warning("migration: a table's lock was not free within %g s (try %d of %d); trying again",
+                            LOCK_TIMEOUT_S, attempt, MIGRATION_TRIES)
+                time.sleep(attempt)
     finally:
         if own:
             engine.dispose()

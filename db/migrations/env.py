@@ -19,6 +19,7 @@ from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
 from autotuner.settings import get_settings
+from db import database
 from db.database import make_engine, migration_connection
 from db.tables import Base
 
@@ -53,6 +54,9 @@ def _run(connection: Connection) -> None:
             connection.execute(
                 text("SELECT pg_advisory_xact_lock(:key)"), {"key": MIGRATION_LOCK_KEY}
             )
+            # an ALTER waiting for its table's lock queues every lookup behind it: give up instead
+            # (`db.database` retries, then says why)
+            connection.execute(text(f"SET LOCAL lock_timeout = {int(database.LOCK_TIMEOUT_S * 1000)}"))
         context.run_migrations()
 
 

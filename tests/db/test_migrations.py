@@ -179,6 +179,36 @@ def test_schema_error_hides_the_password(empty_db_url: str) -> None:
         assert f":{password}@" not in str(excinfo.value) and ":***@" in str(excinfo.value)
 
 
+@pytest.mark.postgres
+def test_a_migration_waiting_for_a_lock_gives_up_and_says_why(pg_server, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An ALTER waiting for a table that a long transaction reads would queue every lookup behind
+    it: the migration waits at most LOCK_TIMEOUT_S per try, tries MIGRATION_TRIES times, then
+    fails saying why with nothing changed; once the reader is gone it runs."""
+    import time
+
+    from db import database as dbmod
+
+    monkeypatch.setattr(dbmod, "LOCK_TIMEOUT_S", 0.3)
+    monkeypatch.setattr(dbmod, "MIGRATION_TRIES", 2)
+    url = pg_server.url_for(pg_server.create())
+    upgrade(url, "0008")
+    reader = create_engine(url, poolclass=NullPool)
+    try:
+        with reader.connect() as conn:
+            conn.execute(text("BEGIN"))
+            conn.execute(text("LOCK TABLE measurements IN ACCESS SHARE MODE"))   # a long read
+            t0 = time.monotonic()
+            with pytest.raises(SchemaError, match=r"gave up waiting 0.3 s for a table's lock, 2 times"):
+                upgrade(url, "head")   # 0009 alters measurements
+            assert time.monotonic() - t0 < 10
+            assert current_revision(reader) == "0008"   # nothing changed
+            conn.execute(text("ROLLBACK"))
+        upgrade(url, "head")
+        assert current_revision(reader) == head_revision()
+    finally:
+        reader.dispose()
+
+
 def test_concurrent_upgrades_do_not_collide(empty_db_url: str) -> None:
     """Several processes (e.g. replicas starting) upgrading one empty database at once."""
     code = "import sys; from db import upgrade; upgrade(sys.argv[1])"
