@@ -26,13 +26,13 @@ the preparation (`InJob.ended`); the program is planned with the answers it had.
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import time
 from dataclasses import dataclass, replace
 from typing import Any
 
 from autotuner.measure.local import LocalRunner
+from autotuner.overlap import agree
 from autotuner.problem import GroupedProblem, Problem
 from autotuner.strategy import Strategy, reference
 
@@ -48,30 +48,27 @@ _calls = itertools.count()
 
 class JaxSync:
     """A `measure.Sync` over the processes of a `jax.distributed` job, through its key-value store
-    (not a device collective, which waits forever for a process that does not come): each
-    exchange waits at most `timeout_s` for the others, then raises."""
+    (`overlap.agree`'s publish and receive; not a device collective, which waits forever for a
+    process that does not come): each exchange waits at most `timeout_s` for the others, then
+    raises."""
 
     def __init__(self, tag: str, timeout_s: float) -> None:
-        self.tag, self.count, self.timeout_ms = tag, 0, max(1, int(timeout_s * 1000))
+        self.tag, self.count, self.timeout_s = tag, 0, timeout_s
 
     def exchange(self, value: Any, name: str = "") -> list[Any]:
         """Every process's `value` (JSON), in process order, once all have given theirs; `name`
         the exchange's (each process's n-th unnamed one is the n-th of the others)."""
-        import jax
-
-        from autotuner.runtime.collective import _kv_client
-
-        kv, me = _kv_client(), jax.process_index()
+        me, count = agree.processes()
         if not name:
             self.count += 1
         key = f"{self.tag}/{name or self.count}"
-        kv.key_value_set(f"{key}/{me}", json.dumps(value), allow_overwrite=True)
+        agree.publish(f"{key}/{me}", value)
         out = []
-        for r in range(jax.process_count()):
+        for r in range(count):
             try:
-                out.append(value if r == me else json.loads(kv.blocking_key_value_get(f"{key}/{r}", self.timeout_ms)))
-            except Exception as e:  # noqa: BLE001 - the store's deadline (or it is gone)
-                raise SyncTimeout(f"{WAITED} {r} {self.timeout_ms / 1000:g} s in vain ({type(e).__name__})") from None
+                out.append(value if r == me else agree.receive(f"{key}/{r}", f"word from process {r}", self.timeout_s))
+            except agree.AgreeError as e:
+                raise SyncTimeout(f"{WAITED} {r} in vain: {e}") from None
         return out
 
     def barrier(self) -> None:
@@ -349,13 +346,12 @@ class InJob:
                 payload = {"skip": value}
             else:
                 payload = {"value": value}
-            kv.key_value_set(key, json.dumps(payload), allow_overwrite=True)
+            agree.publish(key, payload)
             return value
         try:
-            payload = json.loads(kv.blocking_key_value_get(key, max(1, int(self.budget_s * 1000))))
-        except Exception as e:  # noqa: BLE001 - process 0 did not say in time
-            raise _Failed(f"process 0 did not publish {name.split('/')[0]} within the {self.budget_s:g} s budget "
-                          f"({type(e).__name__}: {str(e)[:200]})") from None
+            payload = agree.receive(key, f"{name.split('/')[0]} from process 0", self.budget_s)
+        except agree.AgreeError as e:
+            raise _Failed(f"process 0 did not publish in time: {e}") from None
         if "strategies" in payload:
             return [Strategy.from_dict(s) for s in payload["strategies"]]
         if "skip" in payload:
