@@ -323,8 +323,10 @@ def tune_one(ts: Any, database: Any, name: str, problem: Any, run_id: str, *, ex
 def winner_split(winner: Any) -> dict[str, Any]:
     """The winner's `serial_s`, `traffic_speedup`, `overlap_speedup`: its winning measurement's
     split by its serial control, stored with it from the same session (None each without one)."""
+    from autotuner.measure.session import NO_SPLIT
+
     if winner is None:
-        return {"serial_s": None, "traffic_speedup": None, "overlap_speedup": None}
+        return dict(NO_SPLIT)
     return {"serial_s": winner.serial_s, "traffic_speedup": winner.traffic_speedup,
             "overlap_speedup": winner.overlap_speedup}
 

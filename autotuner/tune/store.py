@@ -54,24 +54,25 @@ def why_unresolved(database: Any, device: Device, problem: Problem) -> str | Non
     """Why the stored measurements of `problem` on `device` do not decide its winner
     (`db.apply_rule.why_unresolved`: the reference stays meanwhile), None where they do."""
     from autotuner.rule import reference_method
-    from db import repository as repo
     from db.apply_rule import why_unresolved as why
+
+    ms = _measurements(database, device, problem)
+    return why(ms, reference_method(device.platform)) if ms else None
+
+
+def _measurements(database: Any, device: Device, problem: Problem) -> list[Any]:
+    """Every stored measurement of `problem` on `device` ([] where either is not stored)."""
+    from db import repository as repo
 
     with database.session(read_only=True) as s:
         dev, prob = repo.get_device_by_key(s, device.key), repo.get_problem_by_key(s, problem.key)
-        ms = repo.list_measurements(s, prob.id, dev.id) if dev and prob else []
-    return why(ms, reference_method(device.platform)) if ms else None
+        return repo.list_measurements(s, prob.id, dev.id) if dev and prob else []
 
 
 def why_no_winner(database: Any, device: Device, problem: Problem) -> str:
     """Why `problem` has no winner on `device`: the latest baseline failure's reason (nothing can
     beat a baseline that does not run), else the latest failure's."""
-    from db import repository as repo
-
-    with database.session(read_only=True) as s:
-        dev, prob = repo.get_device_by_key(s, device.key), repo.get_problem_by_key(s, problem.key)
-        ms = repo.list_measurements(s, prob.id, dev.id) if dev and prob else []
-    failed = [m for m in ms if m.status != "ok"]
+    failed = [m for m in _measurements(database, device, problem) if m.status != "ok"]
     base = [m for m in failed if m.strategy_key == "baseline"]
     if base:
         return f"the baseline failed: {base[-1].reason or 'no reason given'}"
