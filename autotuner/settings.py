@@ -17,6 +17,8 @@ all read the same fields the same way. Fields:
 - ``AUTOTUNER_PARSE_MEMO_ENTRIES`` / ``_BYTES``, ``AUTOTUNER_LOOKUP_CACHE_ENTRIES`` / ``_BYTES``,
   ``AUTOTUNER_NEAREST_MAX_GROUPS`` / ``_BYTES``, ``AUTOTUNER_DEMAND_MAX_ROWS`` / ``_PENDING``:
   what a service process keeps in memory and in the demand table (README "Limits and bounds").
+- ``AUTOTUNER_ANON_LOOKUP_RATE`` / ``_BURST`` / ``_CLIENTS``, ``AUTOTUNER_ANON_BATCH_CONCURRENCY``:
+  what lookups without a valid token may cost a service process (``service.ratelimit``).
 """
 
 from __future__ import annotations
@@ -142,6 +144,15 @@ class Settings(BaseSettings):
                                  description="Rows of the demand table (the least missed go first).")
     demand_max_pending: int = Field(default=10_000, gt=0,
                                     description="(device, problem) misses buffered between demand writes.")
+    # service: lookups without a valid token, per process (service.ratelimit); a token is never limited
+    anon_lookup_rate: float = Field(default=200.0, ge=0,
+                                    description="Problems per second one address may look up without a token (0: no limit).")
+    anon_lookup_burst: int = Field(default=5000, gt=0,
+                                   description="Problems one address may look up at once without a token (a larger batch costs all).")
+    anon_lookup_clients: int = Field(default=16_384, gt=0,
+                                     description="Addresses whose anonymous lookups are counted (the least recently seen go first).")
+    anon_batch_concurrency: int = Field(default=2, ge=0,
+                                        description="Anonymous batch lookups running at once (0: no limit).")
     # client (autotuner.runtime.client.default_client): the service a training job asks
     service_url: str | None = None
     service_token: str | None = Field(default=None, repr=False)

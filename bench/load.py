@@ -1,6 +1,7 @@
 """Load benchmark of the lookup service: lookups/s and latency percentiles.
 
     python bench/load.py [--db /tmp/bench.db --db postgresql+psycopg://...] [--fill 100000]
+    python bench/load.py --db /tmp/bench.db --anonymous-flood 4 --rate 200 --seconds 5
 
 Without ``--db``: SQLite (``/tmp/autotuner-bench/bench.db``) and PostgreSQL (started and
 prepared as the tests do it, by ``scripts/ci_services.sh``, database ``autotuner_bench``), one
@@ -20,6 +21,14 @@ start ``uvicorn service.app:app`` on 127.0.0.1 (``--workers``, access log off), 
   demand), flat out, each problem new to the server at first: after a warm-up on other
   untuned problems of the same groups, so the in-memory nearest index is read;
 - the client's in-process cache hit (`autotuner.runtime.client.Client.lookup`), in this process.
+
+These requests carry a token (the server is started with ``AUTOTUNER_WRITE_TOKENS``), so the
+limits on anonymous lookups (``service/ratelimit.py``) never apply to them.
+``--anonymous-flood N`` measures those limits instead: single lookups with the token at
+``--rate`` offered, for ``--seconds`` alone and then beside ``N`` anonymous batch lookups per
+second (``--batch`` untuned problems each, so every admitted one costs the cost model's CPU),
+and prints the valid requests' percentiles side by side with the anonymous ones' 200s and 429s
+(the limits are the server's: set ``AUTOTUNER_ANON_*`` in the environment to change them).
 
 The load generator runs in this process (one core's worth at most) on the same 2-core machine
 as the server: it competes with the server for CPU. ``--client httpx`` (default) uses
@@ -107,8 +116,9 @@ Send = Callable[[bytes, str], Awaitable[int]]
 class RawPool:
     """Keep-alive HTTP/1.1 connections; one request at a time per connection."""
 
-    def __init__(self, port: int, size: int) -> None:
+    def __init__(self, port: int, size: int, token: str | None = None) -> None:
         self.port, self.size = port, size
+        self.auth = b"Authorization: Bearer %s\r\n" % token.encode() if token else b""
         self.free: asyncio.Queue[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = asyncio.Queue()
 
     async def open(self) -> None:
@@ -122,8 +132,8 @@ class RawPool:
 
     async def _roundtrip(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, body: bytes,
                          path: str) -> int:
-        writer.write(b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n"
-                     b"Content-Length: %d\r\n\r\n%s" % (path.encode(), HOST.encode(), len(body), body))
+        writer.write(b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\n%s"
+                     b"Content-Length: %d\r\n\r\n%s" % (path.encode(), HOST.encode(), self.auth, len(body), body))
         head = await reader.readuntil(b"\r\n\r\n")
         status = int(head[9:12])
         length = 0
@@ -152,10 +162,11 @@ class RawPool:
 
 
 class HttpxPool:
-    def __init__(self, port: int, size: int) -> None:
+    def __init__(self, port: int, size: int, token: str | None = None) -> None:
         limits = httpx.Limits(max_connections=size, max_keepalive_connections=size)
+        headers = {"Authorization": f"Bearer {token}"} if token else None
         self.client = httpx.AsyncClient(base_url=f"http://{HOST}:{port}", limits=limits, timeout=30.0,
-                                        trust_env=False)
+                                        trust_env=False, headers=headers)
 
     async def open(self) -> None:
         pass
@@ -235,7 +246,12 @@ def bodies_for(problems: list[Any], device: dict[str, Any]) -> list[bytes]:
     return [json.dumps({"device": device, "problem": p.to_dict()}).encode() for p in problems]
 
 
-def run_db(url: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+BENCH_TOKEN = "load-benchmark-token"  # the valid requests' token (AUTOTUNER_WRITE_TOKENS of the server)
+SERVER_ENV = {"AUTOTUNER_WRITE_TOKENS": BENCH_TOKEN}
+
+
+def prepare(url: str, args: argparse.Namespace) -> tuple[str, Any, list[Any], list[Any]]:
+    """Fill the database to ``args.fill`` tuned problems: (dialect, device, tuned, 2000 untuned)."""
     from db import Database
     from db import repository as repo
 
@@ -255,6 +271,11 @@ def run_db(url: str, args: argparse.Namespace) -> list[dict[str, Any]]:
     tuned = list(fill_db.problems(args.fill))
     tuned_keys = {p.key for p in tuned}
     untuned = [p for p in fill_db.problems(3000, seed=987654) if p.key not in tuned_keys][:2000]
+    return dialect, device, tuned, untuned
+
+
+def run_db(url: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+    dialect, device, tuned, untuned = prepare(url, args)
     single = bodies_for(tuned, device.to_dict())
     misses = bodies_for(untuned[:1000], device.to_dict())
     misses_warm = bodies_for(untuned[1000:], device.to_dict())
@@ -267,19 +288,17 @@ def run_db(url: str, args: argparse.Namespace) -> list[dict[str, Any]]:
                for lo in range(0, len(order) - args.batch + 1, args.batch)]
 
     port = free_port()
-    proc, _ = start_server(url, port=port, workers=args.workers)
+    proc, _ = start_server(url, port=port, workers=args.workers, env=SERVER_ENV)
     time.sleep(0.5 * args.workers)  # let every worker finish starting
     rows = []
     try:
         async def main() -> None:
             pool_cls = RawPool if args.client == "raw" else HttpxPool
-            pool = pool_cls(port, args.concurrency)
+            pool = pool_cls(port, args.concurrency, BENCH_TOKEN)
             await pool.open()
             try:
-                async def measured(phase: Phase, run: Any) -> None:
-                    before = group_cpu_seconds(proc.pid)
-                    await run
-                    phase.server_cpu_s = group_cpu_seconds(proc.pid) - before
+                def measured(phase: Phase, run: Awaitable[None]) -> Awaitable[None]:
+                    return measured_cpu(proc.pid, phase, run)
 
                 warm = Phase("warm-up")
                 await closed_loop(pool, single, "/v1/lookup", 2.0, args.concurrency, warm)
@@ -321,7 +340,7 @@ def client_hit(port: int, device: Any, problem: Any) -> dict[str, Any]:
     """The in-process cache hit of autotuner.runtime.client.Client.lookup (median of 5 x 100k calls)."""
     from autotuner.runtime.client import Client
 
-    with Client(f"http://{HOST}:{port}", timeout=5.0) as client:
+    with Client(f"http://{HOST}:{port}", timeout=5.0, token=BENCH_TOKEN) as client:
         t = time.perf_counter()
         first = client.lookup(problem, device)
         first_ms = (time.perf_counter() - t) * 1e3
@@ -337,6 +356,85 @@ def client_hit(port: int, device: Any, problem: Any) -> dict[str, Any]:
             "dropped": 0, "req_per_s": 1e6 / hit_us, "lookups_per_s": 1e6 / hit_us,
             "p50_ms": hit_us / 1e3, "p90_ms": float("nan"), "p99_ms": float("nan"), "mean_ms": hit_us / 1e3,
             "server_cpu_us_per_lookup": 0.0}
+
+
+def run_flood(url: str, args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Valid single lookups (with the token) at ``args.rate`` offered, alone and then beside
+    ``args.anonymous_flood`` anonymous batch lookups per second: a row per phase, with the
+    anonymous requests' statuses."""
+    dialect, device, tuned, _ = prepare(url, args)
+    single = bodies_for(tuned, device.to_dict())
+    # distinct batches of untuned problems, so that an admitted one is not answered from the cache
+    n_batches = max(1, min(40, int(args.anonymous_flood * args.seconds) + 1))
+    tuned_keys = {p.key for p in tuned}
+    flood_problems = [p for p in fill_db.problems(n_batches * args.batch + 1000, seed=424242)
+                      if p.key not in tuned_keys][:n_batches * args.batch]
+    batches = [json.dumps({"device": device.to_dict(),
+                           "problems": [p.to_dict() for p in flood_problems[lo:lo + args.batch]]}).encode()
+               for lo in range(0, len(flood_problems), args.batch)]
+    port = free_port()
+    proc, _ = start_server(url, port=port, workers=args.workers, env=SERVER_ENV)
+    time.sleep(0.5 * args.workers)
+    rows = []
+    try:
+        async def main() -> None:
+            pool_cls = RawPool if args.client == "raw" else HttpxPool
+            valid_pool, flood_pool = pool_cls(port, args.concurrency, BENCH_TOKEN), pool_cls(port, 8)
+            await valid_pool.open()
+            await flood_pool.open()
+            try:
+                await closed_loop(valid_pool, single, "/v1/lookup", 1.0, args.concurrency, Phase("warm-up"))
+                for name, flood_rate in (("valid, alone", 0.0), ("valid, beside the anonymous flood",
+                                                                 args.anonymous_flood)):
+                    valid, anon = Phase(name), Phase("anonymous", items=args.batch)
+                    load = open_loop(valid_pool, single, "/v1/lookup", args.seconds, args.rate, 256, valid)
+                    if flood_rate:
+                        flood = open_loop(flood_pool, batches, "/v1/lookup/batch", args.seconds, flood_rate,
+                                          8, anon)
+                        await asyncio.gather(measured_cpu(proc.pid, valid, load), flood)
+                    else:
+                        await measured_cpu(proc.pid, valid, load)
+                    sent = len(anon.latencies)  # answered, whatever the status
+                    refused = sum(n for reason, n in anon.reasons.items() if reason.startswith("HTTP "))
+                    limited = anon.reasons.get("HTTP 429", 0)
+                    rows.append({"db": dialect, **valid.row(), "anonymous_sent": sent,
+                                 "anonymous_200": sent - refused, "anonymous_429": limited,
+                                 "anonymous_other": anon.errors - limited, "anonymous_dropped": anon.dropped})
+                    if valid.reasons:
+                        print(f"[{dialect}] {name}: errors {dict(valid.reasons)}", file=sys.stderr)
+            finally:
+                await valid_pool.close()
+                await flood_pool.close()
+
+        asyncio.run(main())
+    finally:
+        stop_server(proc)
+    return rows
+
+
+async def measured_cpu(pgid: int, phase: Phase, run: Awaitable[None]) -> None:
+    """Await ``run``, counting the CPU time of process group ``pgid`` meanwhile into ``phase``."""
+    before = group_cpu_seconds(pgid)
+    await run
+    phase.server_cpu_s = group_cpu_seconds(pgid) - before
+
+
+def flood_table(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
+    head = (f"{'db':10} {'phase':36} {'valid':>6} {'err':>4} {'p50 ms':>8} {'p99 ms':>8} "
+            f"{'anon sent':>9} {'anon 200':>8} {'anon 429':>8} {'anon other':>10}")
+    from autotuner.settings import Settings
+
+    limits = Settings()  # what the server read from the same environment
+    lines = [f"valid: single lookups with a token at {args.rate:g}/s offered; anonymous: "
+             f"{args.anonymous_flood:g} batches of {args.batch} untuned problems per second",
+             f"the server's limits per worker: {limits.anon_lookup_rate:g} problems/s per address, bursts of "
+             f"{limits.anon_lookup_burst}, {limits.anon_batch_concurrency} anonymous batches at once "
+             "(AUTOTUNER_ANON_*; 0: none)", head, "-" * len(head)]
+    for r in rows:
+        lines.append(f"{r['db']:10} {r['phase']:36} {r['requests']:>6} {r['errors']:>4} {r['p50_ms']:>8.2f} "
+                     f"{r['p99_ms']:>8.2f} {r['anonymous_sent']:>9} {r['anonymous_200']:>8} "
+                     f"{r['anonymous_429']:>8} {r['anonymous_other']:>10}")
+    return "\n".join(lines)
 
 
 def table(rows: list[dict[str, Any]]) -> str:
@@ -412,6 +510,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--hot", type=int, default=1000,
                     help="distinct problems of the hot-set phases (a compiler's working set)")
     ap.add_argument("--client", choices=("httpx", "raw"), default="httpx")
+    ap.add_argument("--anonymous-flood", type=float, default=0.0, metavar="N",
+                    help="instead of the phases above: valid lookups at --rate alone, then beside N "
+                         "anonymous batch lookups per second (--batch untuned problems each)")
     ap.add_argument("--json", action="store_true", help="print the rows as JSON lines too")
     args = ap.parse_args(argv)
 
@@ -420,6 +521,15 @@ def main(argv: list[str] | None = None) -> int:
         args.db = [BENCH_SQLITE, postgres_url()]
     rows = []
     load_before = os.getloadavg()
+    if args.anonymous_flood:
+        for url in args.db:
+            rows += run_flood(url, args)
+        print(f"machine load average (1 min) before / after: {load_before[0]:.2f} / {os.getloadavg()[0]:.2f}")
+        print(flood_table(rows, args))
+        if args.json:
+            for r in rows:
+                print(json.dumps(r))
+        return 0
     for url in args.db:
         rows += run_db(url, args)
     print(f"machine load average (1 min) before / after: {load_before[0]:.2f} / {os.getloadavg()[0]:.2f} "

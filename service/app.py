@@ -29,6 +29,7 @@ from service.field_types import ParseMemo, ParseMemoMiddleware
 from service.limits import BodyLimitMiddleware
 from service.lookups import DemandRecorder, LookupEngine
 from service.metrics import Metrics, MetricsMiddleware
+from service.ratelimit import AnonymousLookupLimit
 from service.routes import ROUTERS
 from service.routes.health import VERSION
 
@@ -50,14 +51,17 @@ def _warm_up() -> None:
 
 
 class ServiceApp(FastAPI):
-    """The FastAPI app, whose lookups go through :class:`service.fastpath.LookupFastPath`
-    first (in front of every middleware; what it does not answer, FastAPI does)."""
+    """The FastAPI app, whose lookups go through :class:`service.ratelimit.AnonymousLookupLimit`
+    and then :class:`service.fastpath.LookupFastPath` first (in front of every middleware; what
+    the fast path does not answer, FastAPI does)."""
 
     fast_path: LookupFastPath | None = None
+    anonymous_limit: AnonymousLookupLimit | None = None  # in front of the fast path
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if self.fast_path is not None:
-            await self.fast_path(scope, receive, send)
+        front = self.anonymous_limit or self.fast_path
+        if front is not None:
+            await front(scope, receive, send)
         else:
             await super().__call__(scope, receive, send)
 
@@ -99,7 +103,12 @@ def create_app(settings: Settings | None = None, *, database: Database | None = 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         if check_schema:
-            await run_in_threadpool(db.check_schema)
+            try:
+                await run_in_threadpool(db.check_schema)
+            except BaseException:
+                if own_db:   # a refused start keeps no connection open
+                    db.dispose()
+                raise
         await run_in_threadpool(_warm_up)
         lookups.demand.start()
         await run_in_threadpool(watcher.start)
@@ -128,6 +137,7 @@ def create_app(settings: Settings | None = None, *, database: Database | None = 
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=metrics)  # outermost: counts the 413s too
     app.fast_path = LookupFastPath(super(ServiceApp, app).__call__, state)
+    app.anonymous_limit = AnonymousLookupLimit(app.fast_path, state)
     return app
 
 

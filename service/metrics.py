@@ -1,4 +1,5 @@
-"""Prometheus metrics: requests and latencies by route, lookups by source, misses.
+"""Prometheus metrics: requests and latencies by route, lookups by source, misses, anonymous
+lookups refused (:mod:`service.ratelimit`).
 
 Each app has its own registry (several apps can live in one test process). Under several
 uvicorn workers set ``PROMETHEUS_MULTIPROC_DIR`` (``autotuner serve --workers N`` does) so that
@@ -40,6 +41,9 @@ class Metrics:
         self.misses = Counter("autotuner_lookup_misses_total",
                               "Lookups without a tuned record (counted as demand)",
                               registry=self.registry)
+        self.limited = Counter("autotuner_lookups_limited_total",
+                               "Lookups without a token refused with 429, by limit (rate, concurrency)",
+                               ("limit",), registry=self.registry)
         self.batch_size = Histogram("autotuner_lookup_batch_size", "Problems per batch lookup",
                                     buckets=(1, 10, 50, 100, 250, 500, 1000), registry=self.registry)
         # label children, resolved once per (method, route[, status])

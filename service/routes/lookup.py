@@ -13,10 +13,13 @@ from fastapi import APIRouter, Response
 
 from service.deps import ReadAuth, StateDep
 from service.errors import invalid
-from service.routes._common import READ, responses
+from service.routes._common import READ, ErrorOut, responses
 from service.schemas import Lookup, LookupBatch, LookupBatchRequest, LookupRequest
 
 router = APIRouter(prefix="/v1/lookup", tags=["lookup"])
+# service.ratelimit answers 429 in front of these routes (and of the fast path)
+LIMITED = {429: {"model": ErrorOut, "description": "No valid token, and past a limit on anonymous lookups "
+                 "(the detail names it and its AUTOTUNER_ setting; see Retry-After)"}}
 
 PROCESS_HEADER = "x-autotuner-process"
 JSON = "application/json"
@@ -26,7 +29,7 @@ def _headers() -> dict[str, str]:
     return {PROCESS_HEADER: str(os.getpid())}  # per call: a forked worker has its own pid
 
 
-@router.post("", response_model=Lookup, responses=responses(*READ, 413))
+@router.post("", response_model=Lookup, responses={**responses(*READ, 413), **LIMITED})
 async def lookup(_: ReadAuth, req: LookupRequest, state: StateDep) -> Response:
     """The strategy for one problem on one device: `tuned`, `nearest`, `model` or `default`.
     Every answer that is not `tuned` counts as tuning demand (`GET /v1/demand`)."""
@@ -34,7 +37,7 @@ async def lookup(_: ReadAuth, req: LookupRequest, state: StateDep) -> Response:
     return Response(body, media_type=JSON, headers=_headers())
 
 
-@router.post("/batch", response_model=LookupBatch, responses=responses(*READ, 413))
+@router.post("/batch", response_model=LookupBatch, responses={**responses(*READ, 413), **LIMITED})
 async def lookup_batch(_: ReadAuth, req: LookupBatchRequest, state: StateDep) -> Response:
     """Up to `AUTOTUNER_MAX_BATCH` (default 1000) problems of one device at once, answered in
     order; repeated problems are looked up once."""
