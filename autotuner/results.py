@@ -21,15 +21,17 @@ from autotuner.measurement import measurement_item as item_of
 from autotuner.problem import GroupedProblem, Problem
 
 
-def measurement_item(c: Candidate, run_id: str | None = None, host: str | None = None,
+def measurement_item(c: Candidate, run_id: str | None = None, host: str | None = None, source: str = "tuned",
                      **split: float | None) -> dict[str, Any]:
     """A candidate as a measurement item (`autotuner.measurement`), with its strategy key, this
-    run's id and host, and its split by its serial control where `split` gives one."""
-    return item_of(c, strategy_key=c.key, run_id=run_id, host=host or socket.gethostname(), **split)
+    run's id and host, who measured it (`source`: `autotuner.rule.MEASUREMENT_SOURCES`), and its
+    split by its serial control where `split` gives one."""
+    return item_of(c, strategy_key=c.key, run_id=run_id, host=host or socket.gethostname(), source=source,
+                   **split)
 
 
 def session_items(session: SessionResult, run_id: str | None = None,
-                  include: Iterable[str] | None = None) -> list[dict[str, Any]]:
+                  include: Iterable[str] | None = None, source: str = "tuned") -> list[dict[str, Any]]:
     """Measurement items of a session: the baseline and every candidate (or those in `include`);
     a ring timed beside its serial control carries its split (`serial_s`, `traffic_speedup`:
     `autotuner.measure.session.split`), from the same repetitions."""
@@ -40,7 +42,7 @@ def session_items(session: SessionResult, run_id: str | None = None,
     for c in everyone:
         if keep is None or c.key in keep:
             parts = split(c, controls.get(id(c)))
-            out.append(measurement_item(c, run_id, serial_s=parts["serial_s"],
+            out.append(measurement_item(c, run_id, source=source, serial_s=parts["serial_s"],
                                         traffic_speedup=parts["traffic_speedup"]))
     return out
 

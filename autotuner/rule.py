@@ -14,7 +14,12 @@ in-job answers (`autotuner.runtime.answers`) all decide with this one function.
    reference, a decomposition's lower end must also clear plain's ratio, as it clears the
    reference's (1.0) (`plain` itself may win over the baseline: leave the pair to the compiler).
 4. A control (`serial`: a ring decomposed but not overlapped) never wins.
-5. Among those, the highest ratio wins (ties: the higher lower end, then the earlier evidence).
+5. Among those, the highest ratio wins (ties: the higher lower end, then the earlier evidence),
+   unless it is weaker evidence than another that qualifies: from a weaker source
+   (`MEASUREMENT_SOURCES`: a tuning run's measurement is stronger than a training job's in-job one)
+   or from under half its repetitions. Weaker evidence wins only where its interval says it is
+   better: its lower end above the stronger one's upper end. So a noisy 3-repetition in-job run
+   never replaces a tuned winner on a point estimate (issue 38).
 
 Where nothing wins but a strategy's interval reaches past its noise floor (its lower end does
 not), the evidence does not decide: the reference stays, and `unresolved` says so and why.
@@ -26,8 +31,8 @@ import math
 from collections.abc import Sequence
 from typing import NamedTuple
 
-__all__ = ["EXACT_SOURCES", "MIN_SPEEDUP_LO", "SOURCES", "Evidence", "choose", "exact_source", "reference_method",
-           "unresolved"]
+__all__ = ["EXACT_SOURCES", "MEASUREMENT_SOURCES", "MIN_SPEEDUP_LO", "SOURCES", "Evidence", "choose", "exact_source",
+           "reference_method", "source_rank", "unresolved"]
 
 MIN_SPEEDUP_LO = 1.0
 CONTROL = "serial"   # a ring's serial control (`Strategy.serial`): measured, never a winner
@@ -36,6 +41,16 @@ CONTROL = "serial"   # a ring's serial control (`Strategy.serial`): measured, ne
 # target (`aot:tpu:...`), estimated by the compiler (`estimated`, never `tuned`); or from elsewhere.
 SOURCES = ("tuned", "estimated", "nearest", "model", "default")
 EXACT_SOURCES = frozenset({"tuned", "estimated"})
+# Who measured a stored measurement, strongest first: a tuning run (`autotuner tune`, a worker: its
+# search, its repetitions, an A/A check) or a training job tuning what it missed (`overlap(tune=
+# "missing")`: a few repetitions inside a job). A measurement stored before sources were recorded
+# (None) counts as `tuned`: that is what wrote them.
+MEASUREMENT_SOURCES = ("tuned", "in-job")
+
+
+def source_rank(source: str | None) -> int:
+    """0 for the strongest source (`MEASUREMENT_SOURCES`); None counts as `tuned`."""
+    return MEASUREMENT_SOURCES.index(source) if source in MEASUREMENT_SOURCES else 0
 
 
 def exact_source(estimated: bool) -> str:
@@ -52,6 +67,8 @@ class Evidence(NamedTuple):
     hi: float | None
     noise: float | None = None   # its session's A/A width (None: no twin timed, or an estimate)
     label: str = ""              # the strategy's key, for what `unresolved` says
+    source: str | None = None    # who measured it (`MEASUREMENT_SOURCES`; None: tuned)
+    n: int = 0                   # its repetitions (0: not known)
 
 
 def reference_method(platform: str | None) -> str:
@@ -72,15 +89,33 @@ def choose(evidence: Sequence[Evidence], reference: str) -> int | None:
         plain_floor = max([floor, *plain])
     else:
         plain_floor = floor
-    best: tuple[float, float, int] | None = None
+    qualified: list[int] = []
     for i, e in enumerate(evidence):
         if e.method in (reference, CONTROL) or not (_finite(e.ratio) and _finite(e.lo)):
             continue
         assert e.ratio is not None and e.lo is not None
         need = (floor if e.method in ("plain", "baseline") else plain_floor) + _noise(e)
-        if e.lo > need and (best is None or (e.ratio, e.lo, -i) > best):
-            best = (e.ratio, e.lo, -i)
-    return None if best is None else -best[2]
+        if e.lo > need:
+            qualified.append(i)
+    best_first = sorted(qualified, key=lambda i: (evidence[i].ratio, evidence[i].lo, -i), reverse=True)
+    for i in best_first:   # the strongest always passes: nothing that qualified is stronger
+        lo = evidence[i].lo
+        assert lo is not None
+        if all(lo > _top(evidence[j]) for j in qualified if weaker(evidence[i], evidence[j])):
+            return i
+    return None
+
+
+def weaker(e: Evidence, f: Evidence) -> bool:
+    """Whether `e` is weaker evidence than `f`: from a weaker source (`MEASUREMENT_SOURCES`), or
+    from the same with under half `f`'s repetitions."""
+    re_, rf = source_rank(e.source), source_rank(f.source)
+    return re_ > rf or (re_ == rf and 2 * e.n < f.n)
+
+
+def _top(e: Evidence) -> float:
+    """The upper end of `e`'s interval (its point where it has none: an estimate)."""
+    return e.hi if _finite(e.hi) else e.ratio  # type: ignore[return-value]
 
 
 def _noise(e: Evidence) -> float:

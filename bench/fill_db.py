@@ -157,7 +157,8 @@ def _fill_bulk(database: Any, device: Device, todo: list[Problem], seed: int,
                                   "device_id": device_id, "method": it["strategy"]["method"],
                                   "reason": None, "compile_s": None, "memory": None,
                                   "ratio": it.get("ratio"), "ratio_lo": it.get("ratio_lo"),
-                                  "ratio_hi": it.get("ratio_hi"), "created_at": now})
+                                  "ratio_hi": it.get("ratio_hi"), "source": "tuned", "token_id": None,
+                                  "created_at": now})
             s.execute(insert(MeasurementRow.__table__), mrows)
             mids = [r["id"] for r in mrows]
             wrows = []
@@ -172,7 +173,8 @@ def _fill_bulk(database: Any, device: Device, todo: list[Problem], seed: int,
                         reason=None, samples=tuple(r["samples"]), median_s=r["median_s"], iqr_s=r["iqr_s"],
                         min_s=r["min_s"], n=r["n"], ratio=r["ratio"], ratio_lo=r["ratio_lo"],
                         ratio_hi=r["ratio_hi"], aa_width=None, compile_s=None, memory=None, run_id=r["run_id"],
-                        host=r["host"], serial_s=None, traffic_speedup=None, created_at=now))
+                        host=r["host"], serial_s=None, traffic_speedup=None, source="tuned", token_id=None,
+                        created_at=now))
                     j += 1
                 c = choose_winner(records)
                 if c is None:

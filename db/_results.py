@@ -9,7 +9,7 @@ from typing import Any
 from sqlalchemy import and_, bindparam, delete, select
 from sqlalchemy.orm import Session
 
-from autotuner.rule import reference_method
+from autotuner.rule import MEASUREMENT_SOURCES, reference_method
 from db._changes import note_change
 from db._common import check_value, check_values, dialect, insert, utcnow
 from db._convert import measurement_record, winner_record
@@ -42,13 +42,15 @@ def _measurement_row(device_id: int, problem_id: int, i: int, item: Any) -> Meas
         raise ValueError(f"{where} must be a dict, not {type(item).__name__}")
     samples = item.get("samples") or []
     defaults = {"samples": [], "n": len(samples) if isinstance(samples, list | tuple) else 0,
-                "created_at": utcnow()}
+                "created_at": utcnow(), "source": MEASUREMENT_SOURCES[0]}
     values = check_values(_INPUT, {**defaults, **{k: v for k, v in item.items() if v is not None}},
                           where)
     method = values["strategy"].get("method")
     if not isinstance(method, str) or not method:
         raise ValueError(f'{where}.strategy needs a "method" string')
     check_value(_METHOD, method, f"{where}.strategy.method")
+    if values.get("source") is not None and values["source"] not in MEASUREMENT_SOURCES:
+        raise ValueError(f"{where}.source must be one of {MEASUREMENT_SOURCES}, not {values['source']!r}")
     if values["status"] not in MEASUREMENT_STATUSES:
         raise ValueError(f"{where}.status must be one of {MEASUREMENT_STATUSES}, "
                          f"not {values['status']!r}")
@@ -58,12 +60,16 @@ def _measurement_row(device_id: int, problem_id: int, i: int, item: Any) -> Meas
 
 
 def record_measurements(
-    s: Session, device_id: int, problem_id: int, items: Sequence[dict[str, Any]]
+    s: Session, device_id: int, problem_id: int, items: Sequence[dict[str, Any]], token_id: int | None = None
 ) -> list[MeasurementRecord]:
     """Store measurements (see :class:`db.records.MeasurementInput`) of one problem on one
-    device; return them with their ids, in order. Validates every item before writing any.
-    Does not recompute the winner (call :func:`recompute_winner` in the same transaction)."""
+    device, uploaded with the stored token ``token_id`` (None: a settings token or a direct
+    write); return them with their ids, in order. An item without a ``source`` was measured by a
+    tuning run (``tuned``). Validates every item before writing any. Does not recompute the
+    winner (call :func:`recompute_winner` in the same transaction)."""
     rows = [_measurement_row(device_id, problem_id, i, item) for i, item in enumerate(items)]
+    for row in rows:
+        row.token_id = token_id
     if not rows:
         return []
     if s.get(Device, device_id) is None:

@@ -22,7 +22,8 @@ def token_hash(token: str) -> str:
 
 
 def add_token(s: Session, name: str, token: str, scope: str) -> TokenRecord:
-    """Store a token (its hash only) under ``name`` with ``scope`` ``"read"`` or ``"write"``.
+    """Store a token (its hash only) under ``name`` with ``scope`` ``"read"``, ``"write"`` or
+    ``"in-job"`` (reads, and uploads of in-job measurements only: a training job's token).
 
     Raises :class:`DuplicateError` if the same token is stored already.
     """
@@ -43,17 +44,24 @@ def add_token(s: Session, name: str, token: str, scope: str) -> TokenRecord:
 def check_token(s: Session, token: str) -> str | None:
     """The scope of an unrevoked stored token, else ``None`` (digests compared in constant
     time)."""
+    grant = token_grant(s, token)
+    return grant[1] if grant is not None else None
+
+
+def token_grant(s: Session, token: str) -> tuple[int, str] | None:
+    """(id, scope) of an unrevoked stored token, else ``None``: the id is what a measurement it
+    uploads records as its writer (digests compared in constant time)."""
     if not isinstance(token, str) or not token:
         return None
     digest = token_hash(token)
     row = s.execute(
-        select(Token.token_hash, Token.scope).where(
+        select(Token.id, Token.token_hash, Token.scope).where(
             Token.token_hash == digest, Token.revoked_at.is_(None)
         )
     ).first()
     if row is None or not hmac.compare_digest(row.token_hash, digest):
         return None
-    return str(row.scope)
+    return int(row.id), str(row.scope)
 
 
 def revoke_token(s: Session, token_id: int, now: datetime | None = None) -> TokenRecord:

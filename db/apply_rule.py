@@ -1,8 +1,9 @@
 """The winner rule applied to stored measurements: `autotuner.rule` decides (the one definition,
 shared with the training job's in-job answers); this module reads the records for it. Pure.
 
-Per ``strategy_key`` only the latest measurement counts (latest ``created_at``, then highest
-``id``): a strategy whose latest attempt failed is out, even if it once ran. The reference
+Per ``strategy_key`` only the latest measurement of the strongest source that measured it counts
+(latest ``created_at``, then highest ``id``; a tuning run's over a training job's in-job one): a
+strategy whose latest such attempt failed is out, even if it once ran. The reference
 (``baseline``, or ``plain`` on TPU: `autotuner.rule.reference_method`) is the default winner;
 another strategy replaces it as `autotuner.rule.choose` says. A winner's ``baseline_s`` is the
 reference's median in the winner's own session (``ratio * median_s``), so ``speedup`` is always
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from autotuner.rule import Evidence, choose, unresolved
+from autotuner.rule import Evidence, choose, source_rank, unresolved
 from db.records import MeasurementRecord, WinnerChoice
 
 __all__ = ["BASELINE", "choose_winner", "is_baseline", "why_unresolved"]
@@ -32,15 +33,20 @@ def _latest_key(m: MeasurementRecord) -> tuple[object, int]:
 
 
 def _latest_ok(all_ms: list[MeasurementRecord]) -> tuple[dict[str, MeasurementRecord], list[MeasurementRecord]]:
-    """The latest measurement of each strategy, and the successful ones among them by id."""
+    """The latest measurement of each strategy from the strongest source that measured it
+    (`autotuner.rule.MEASUREMENT_SOURCES`: an in-job run neither replaces nor fails a strategy a
+    tuning run measured), and the successful ones among them by id."""
     latest: dict[str, MeasurementRecord] = {}
     for m in sorted(all_ms, key=_latest_key):
-        latest[m.strategy_key] = m
+        held = latest.get(m.strategy_key)
+        if held is None or source_rank(m.source) <= source_rank(held.source):
+            latest[m.strategy_key] = m
     return latest, sorted((m for m in latest.values() if m.status == "ok"), key=lambda m: m.id)
 
 
 def _evidence(ok: list[MeasurementRecord]) -> list[Evidence]:
-    return [Evidence(m.method, m.ratio, m.ratio_lo, m.ratio_hi, m.aa_width, m.strategy_key) for m in ok]
+    return [Evidence(m.method, m.ratio, m.ratio_lo, m.ratio_hi, m.aa_width, m.strategy_key, m.source, m.n)
+            for m in ok]
 
 
 def why_unresolved(measurements: Iterable[MeasurementRecord], reference: str = BASELINE) -> str | None:

@@ -30,7 +30,8 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util.exc import CommandError
-from sqlalchemy import Engine, create_engine, event, make_url
+from sqlalchemy import Engine, create_engine, event, make_url, text
+from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.engine import URL, Connection
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
@@ -216,7 +217,9 @@ def current_revision(engine: Engine) -> str | None:
 
 
 def check_schema(engine: Engine) -> None:
-    """Raise :class:`SchemaError` unless the database is at the head revision.
+    """Raise :class:`SchemaError` unless this code reads the database's schema: it is at the head
+    revision, or at a later one whose ``schema_readers`` row names a revision this code knows (an
+    expand-only upgrade: a replica one release behind serves on while the new code rolls out).
 
     The message names the fix: ``autotuner db upgrade --db URL`` (password hidden).
     """
@@ -234,13 +237,33 @@ def check_schema(engine: Engine) -> None:
     try:
         script.get_revision(current)
     except CommandError:
+        reader = min_reader(engine)
+        if reader is not None and _known(script, reader):
+            return   # newer, but expand-only since a revision this code has: it reads and writes it
+        needs = f" (it needs code at {reader!r} or later)" if reader else ""
         raise SchemaError(
             f"database {shown} is at revision {current!r}, which this version of autotuner "
-            f"does not know (head is {head!r}): the database is newer; upgrade autotuner"
+            f"does not know (head is {head!r}): the database is newer{needs}; upgrade autotuner"
         ) from None
     raise SchemaError(
         f"database {shown} is at revision {current!r}, this code needs {head!r}; {fix}"
     )
+
+
+def min_reader(engine: Engine) -> str | None:
+    """The oldest code revision that reads this database (`db.tables.SchemaReaders`), None where
+    the table is absent (a database before 0010) or empty."""
+    with engine.connect() as conn:
+        if not sa_inspect(conn).has_table("schema_readers"):
+            return None
+        return conn.execute(text("SELECT min_revision FROM schema_readers WHERE id = 1")).scalar()
+
+
+def _known(script: ScriptDirectory, revision: str) -> bool:
+    try:
+        return script.get_revision(revision) is not None
+    except CommandError:
+        return False
 
 
 @contextmanager

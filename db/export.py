@@ -27,9 +27,9 @@ from db.tables import Base
 __all__ = ["FORMAT", "export_rows", "import_rows", "read_export", "write_export"]
 
 FORMAT = "autotuner-db-export"
-# tables whose rows the schema itself starts with (0006's one-row change counter): an import
+# tables whose rows the schema itself starts with (0006's one-row change counter, 0010's schema readers): an import
 # replaces them rather than finding the database not empty
-SEEDED = frozenset({"generation"})
+SEEDED = frozenset({"generation", "schema_readers"})
 
 
 def _is_time(column: Any) -> bool:

@@ -111,6 +111,11 @@ class MeasurementRecord:
     ``serial_s`` and ``traffic_speedup`` split a ring's ratio where its serial control (the same
     ring, nothing overlapped) was timed in the same session: the control's median, and its ratio
     (reference / control); ``ratio / traffic_speedup`` is what overlap adds. ``None`` otherwise.
+    Provenance (issue 38): ``source`` who measured it (``autotuner.rule.MEASUREMENT_SOURCES``:
+    ``tuned`` or ``in-job``; ``None`` on rows stored before it was recorded, read as ``tuned``),
+    ``host`` where, ``token_id`` the stored token that uploaded it (``None``: a settings token,
+    or written straight to the database by ``autotuner tune --db``); ``n`` and the interval are its
+    strength.
     """
 
     id: int
@@ -136,6 +141,8 @@ class MeasurementRecord:
     host: str | None = text(256)
     serial_s: float | None
     traffic_speedup: float | None
+    source: str | None = text(16)
+    token_id: int | None
     created_at: datetime
 
 
@@ -354,7 +361,7 @@ class ModelBenchRecord:
 
 # What a caller gives for a measurement: the record's fields but those the database sets (ids,
 # and ``method``, which is ``strategy["method"]``). ``created_at`` is optional (default: now).
-_NOT_INPUT = ("id", "problem_id", "device_id", "method")
+_NOT_INPUT = ("id", "problem_id", "device_id", "method", "token_id")   # token_id: the writer's, set by the store
 _REQUIRED_INPUT = ("strategy", "strategy_key", "status")
 MEASUREMENT_INPUT_FIELDS = tuple(
     f.name for f in dataclasses.fields(MeasurementRecord) if f.name not in _NOT_INPUT)
@@ -378,10 +385,10 @@ and ``status`` are required; ``created_at`` defaults to the time of writing.
 """
 
 
-def measurement_input(source: Any, **given: Any) -> MeasurementInput:
-    """The :class:`MeasurementInput` of ``source`` (`autotuner.measurement.measurement_item`, the
+def measurement_input(of: Any, /, **given: Any) -> MeasurementInput:
+    """The :class:`MeasurementInput` of ``of`` (`autotuner.measurement.measurement_item`, the
     one place a measurement's item is built; here typed as the database takes it)."""
-    return measurement_item(source, **given)  # type: ignore[return-value]
+    return measurement_item(of, **given)  # type: ignore[return-value]
 
 
 @dataclass(frozen=True, slots=True)

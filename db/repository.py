@@ -60,7 +60,7 @@ from db._results import (
     record_measurements,
 )
 from db._stats import *  # noqa: F403  - the dashboard's aggregates, as _stats.__all__ lists
-from db._tokens import add_token, check_token, list_tokens, revoke_token, token_hash
+from db._tokens import add_token, check_token, list_tokens, revoke_token, token_grant, token_hash
 from db.apply_rule import choose_winner
 from db.optuna_storage import OPTUNA_SCHEMA, ensure_optuna_schema, optuna_storage_url
 
@@ -116,6 +116,7 @@ __all__ = [
     "trim_demand",
     "recompute_winner",
     "revoke_token",
+    "token_grant",
     "token_hash",
     "tuned_group",
     "tuned_groups",

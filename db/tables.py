@@ -42,6 +42,7 @@ from sqlalchemy import (
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from autotuner.rule import MEASUREMENT_SOURCES
 from db._common import utcnow
 from db.fields import KEY_LEN, Spec, specs
 from db.records import (
@@ -76,6 +77,7 @@ __all__ = [
     "Token",
     "TuningJob",
     "UTCDateTime",
+    "SchemaReaders",
     "StepEvidence",
     "Winner",
     "WinnerChange",
@@ -92,7 +94,9 @@ NAMING_CONVENTION = {
 
 MEASUREMENT_STATUSES = ("ok", "failed")
 JOB_STATUSES = ("queued", "running", "done", "failed")
-TOKEN_SCOPES = ("read", "write")
+# read: lookups; write: everything; in-job: reads, and uploads of in-job measurements only (the token a
+# training job holds for `overlap(tune="missing")`: it cannot write a tuned result nor queue work)
+TOKEN_SCOPES = ("read", "write", "in-job")
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -213,6 +217,7 @@ class Measurement(Base, record=MeasurementRecord, defaults={"n": 0}):
         Index(None, "device_id", "problem_id"),
         Index(None, "problem_id"),
         CheckConstraint(_in("status", MEASUREMENT_STATUSES), name="status"),
+        CheckConstraint(_in("source", MEASUREMENT_SOURCES), name="source"),
     )
 
     problem_id: Mapped[int] = _parent("problems")
@@ -308,6 +313,20 @@ class Generation(Base):
 
     id: Mapped[int] = mapped_column(Integer(), primary_key=True)
     value: Mapped[int] = mapped_column(BigInteger())
+
+
+class SchemaReaders(Base):
+    """Which code may read this schema: one row (id 1), `min_revision` the oldest code's head
+    revision that still reads and writes it. An expand-only migration (new nullable columns, new
+    tables) leaves it; one that removes or changes what older code uses raises it. Code whose head
+    is older than the database's revision serves on where its head is at least this
+    (`db.database.check_schema`): a replica one release behind keeps answering during an upgrade."""
+
+    __tablename__ = "schema_readers"
+    __table_args__ = (CheckConstraint("id = 1", name="one_row"),)
+
+    id: Mapped[int] = mapped_column(Integer(), primary_key=True)
+    min_revision: Mapped[str] = mapped_column(String(32))
 
 
 class WinnerChange(Base):

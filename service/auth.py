@@ -3,15 +3,18 @@
 Tokens come from ``AUTOTUNER_WRITE_TOKENS`` / ``AUTOTUNER_READ_TOKENS`` (settings) and from the
 tokens table (only SHA-256 digests are stored; ``db.repository.check_token``). Settings
 tokens are compared with :func:`hmac.compare_digest` against every configured token (no early
-exit). Writes need a write token: none or an unknown one is 401, a read-only one 403. Reads are
-open unless read tokens are configured; then any valid token (read or write) is needed.
+exit). Writes need a write token: none or an unknown one is 401, a read-only one 403. An
+``in-job`` token (stored only: the token a training job holds for in-job tuning) reads, and uploads
+results whose every measurement is ``in-job`` (``POST /v1/results`` checks it), nothing else. Reads
+are open unless read tokens are configured; then any valid token is needed. ``require`` returns the
+:class:`Grant`: the scope and the stored token's id, which a measurement records as its writer.
 Tokens are never logged nor echoed in a response.
 """
 
 from __future__ import annotations
 
 import hmac
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from fastapi import HTTPException
 from starlette.concurrency import run_in_threadpool
@@ -20,7 +23,20 @@ from autotuner.settings import Settings
 from db import Database
 from db import repository as repo
 
-Scope = Literal["read", "write"]
+Scope = Literal["read", "write", "in-job"]
+Need = Literal["read", "write", "results"]   # what a route needs: results takes write or in-job
+SCOPES = ("read", "write", "in-job")
+
+
+class Grant(NamedTuple):
+    """What a request's token grants: its scope (None: an anonymous read) and, for a stored
+    token, its id (None: a settings token or none)."""
+
+    scope: Scope | None
+    token_id: int | None
+
+
+ANONYMOUS = Grant(None, None)
 
 _CHALLENGE = {"WWW-Authenticate": "Bearer"}
 _INVALID = {"WWW-Authenticate": 'Bearer error="invalid_token"'}
@@ -43,29 +59,37 @@ def settings_scope(token: str, settings: Settings) -> Scope | None:
     return None
 
 
-def stored_scope(token: str, database: Database) -> Scope | None:
-    """The scope of an unrevoked token in the tokens table, else None."""
+def stored_grant(token: str, database: Database) -> Grant | None:
+    """The grant of an unrevoked token in the tokens table, else None."""
     try:
         token.encode("utf-8")
     except UnicodeEncodeError:
         return None
     with database.session(read_only=True) as s:
-        scope = repo.check_token(s, token)
-    return scope if scope in ("read", "write") else None  # type: ignore[return-value]
+        found = repo.token_grant(s, token)
+    if found is None or found[1] not in SCOPES:
+        return None
+    return Grant(found[1], found[0])  # type: ignore[arg-type]
 
 
-async def require(scope: Scope, token: str | None, settings: Settings, database: Database) -> None:
-    """Raise 401/403 unless ``token`` grants ``scope``. Settings tokens are checked in the event
-    loop; only a token that is not one of them is looked up in the database (in a thread)."""
-    if scope == "read" and not settings.read_tokens:
-        return
+async def require(need: Need, token: str | None, settings: Settings, database: Database) -> Grant:
+    """The grant of ``token``; 401/403 unless it allows ``need``. Settings tokens are checked in the
+    event loop; only a token that is not one of them is looked up in the database (in a thread)."""
+    if need == "read" and not settings.read_tokens:
+        return ANONYMOUS   # open reads: no token is looked up
     if not token:
-        raise HTTPException(401, f"a bearer token is required ({scope}): "
+        raise HTTPException(401, f"a bearer token is required ({'write' if need == 'results' else need}): "
                                  "send 'Authorization: Bearer TOKEN'", headers=_CHALLENGE)
-    granted = settings_scope(token, settings)
-    if granted is None:
-        granted = await run_in_threadpool(stored_scope, token, database)
-    if granted is None:
+    scope = settings_scope(token, settings)
+    grant = Grant(scope, None) if scope is not None else await run_in_threadpool(stored_grant, token, database)
+    if grant is None:
         raise HTTPException(401, "invalid or revoked token", headers=_INVALID)
-    if scope == "write" and granted != "write":
-        raise HTTPException(403, "this token may only read; writes need a write token")
+    if need == "write" and grant.scope != "write":
+        raise HTTPException(403, f"this token may only {_may(grant.scope)}; this needs a write token")
+    if need == "results" and grant.scope not in ("write", "in-job"):
+        raise HTTPException(403, f"this token may only {_may(grant.scope)}; uploads need a write or in-job token")
+    return grant
+
+
+def _may(scope: Scope | None) -> str:
+    return "read and upload in-job results" if scope == "in-job" else "read"

@@ -6,7 +6,8 @@
 - ``SessionDep``: a transactional session (commits when the route function returns, before the
   response is sent, so a failed commit is the response); ``ReadSessionDep``: the same for pure
   readers (SQLite: deferred BEGIN, runs beside a writer).
-- ``WriteAuth`` / ``ReadAuth``: bearer-token checks (:mod:`service.auth`), declared in OpenAPI.
+- ``WriteAuth`` / ``ReadAuth``: bearer-token checks (:mod:`service.auth`), declared in OpenAPI;
+  ``ResultsAuth``: an upload's (a write or an in-job token), giving the route the token's grant.
 """
 
 from __future__ import annotations
@@ -79,5 +80,10 @@ async def read_auth(state: StateDep, credentials: Credentials) -> None:
     await auth.require("read", _token(credentials), state.settings, state.database)
 
 
+async def results_auth(state: StateDep, credentials: Credentials) -> auth.Grant:
+    return await auth.require("results", _token(credentials), state.settings, state.database)
+
+
 WriteAuth = Annotated[None, Depends(write_auth)]
 ReadAuth = Annotated[None, Depends(read_auth)]
+ResultsAuth = Annotated[auth.Grant, Depends(results_auth)]   # a write token, or an in-job one

@@ -16,6 +16,7 @@ from typing import Any, Literal, Self, get_type_hints
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
 from autotuner import snapshot
+from autotuner.rule import MEASUREMENT_SOURCES
 from db import (
     DemandRecord,
     DeviceRecord,
@@ -169,6 +170,14 @@ class _MeasurementUpload(BaseModel):
     strategy_key: Text | None = Field(
         default=None, max_length=fields_of(MeasurementRecord, ("strategy_key",))["strategy_key"].max_len)
     status: Literal["ok", "failed"]
+
+    @model_validator(mode="after")
+    def _a_source(self) -> Self:
+        """`source` (derived from the record, below): who measured it, one of MEASUREMENT_SOURCES
+        (omitted: tuned; an in-job token uploads in-job ones only)."""
+        if getattr(self, "source", None) not in (None, *MEASUREMENT_SOURCES):
+            raise ValueError(f"source must be one of {', '.join(MEASUREMENT_SOURCES)}")
+        return self
 
     @model_validator(mode="after")
     def _ok_has_median(self) -> Self:

@@ -1,4 +1,4 @@
-"""`autotuner db`: create or migrate the results database's schema; export it to a file and import it back."""
+"""`autotuner db`: create or migrate the results database's schema; export it to a file and import it back; its stored tokens."""
 
 from __future__ import annotations
 
@@ -66,3 +66,49 @@ def db_import(
     except StorageError as e:
         fail(f"db import: {e}")
     err.print(f"imported {sum(written.values())} row(s) into {redact_db_url(url)}", highlight=False)
+
+
+@db_app.command("token")
+def db_token(
+    action: Annotated[str, typer.Argument(help="add NAME | list | revoke ID")],
+    what: Annotated[str | None, typer.Argument(metavar="NAME|ID", help="add: a name for it; revoke: its id")] = None,
+    scope: Annotated[str, typer.Option(help="add: read (lookups), write (everything), or in-job (reads, and "
+                                            "uploads of in-job measurements only: the token a training job "
+                                            "holds for overlap(tune='missing'))")] = "in-job",
+    db: Annotated[str | None, typer.Option("--db", help=DB_HELP)] = None,
+) -> None:
+    """The service's stored tokens: `add NAME` prints a new token once (only its SHA-256 digest
+    is stored), `list` shows each id, name, scope and state, `revoke ID` ends one. Every
+    measurement a stored token uploads records its id (the dashboard shows its name)."""
+    import secrets
+
+    from db import Database, NotFoundError, StorageError
+    from db import repository as repo
+
+    if action not in ("add", "list", "revoke"):
+        fail(f"db token: the action is add, list or revoke, not {action!r}")
+    if action != "list" and not what:
+        fail(f"db token {action}: give the token's {'name' if action == 'add' else 'id'}")
+    if action == "revoke" and not (what or "").isdigit():
+        fail(f"db token revoke: the id is a number (see `autotuner db token list`), not {what!r}")
+    try:
+        with Database(db_url(db)) as database:
+            database.check_schema()
+            with database.session() as s:
+                if action == "add":
+                    token = secrets.token_urlsafe(32)
+                    rec = repo.add_token(s, what or "", token, scope)
+                    print(token)
+                    err.print(f"token {rec.id} {rec.name!r} ({rec.scope}) stored; this is the only time it is shown",
+                              highlight=False)
+                elif action == "revoke":
+                    rec = repo.revoke_token(s, int(what or 0))
+                    err.print(f"token {rec.id} {rec.name!r} revoked", highlight=False)
+                else:
+                    for t in repo.list_tokens(s):
+                        state = f"revoked {t.revoked_at:%Y-%m-%d %H:%M}" if t.revoked_at else "active"
+                        print(f"{t.id}\t{t.name}\t{t.scope}\t{state}")
+    except ValueError as e:
+        fail(f"db token {action}: {e}")
+    except (NotFoundError, StorageError) as e:
+        fail(f"db token {action}: {e}")

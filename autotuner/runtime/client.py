@@ -391,7 +391,7 @@ class Client:
         from autotuner.results import results_body, session_items
 
         try:
-            body = results_body(device, problem, session_items(session, run_id), name)
+            body = results_body(device, problem, session_items(session, run_id, source="in-job"), name)
             r = _send(self._client(), "POST", "/v1/results", self.timeout, json=body)
             if r.status_code >= 300:
                 raise ClientError(f"POST /v1/results answered {r.status_code}: {r.text[:200]}")

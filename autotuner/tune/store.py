@@ -23,15 +23,16 @@ def problem_values(p: Problem, name: str | None = None) -> dict[str, Any]:
 
 
 def save(database: Any, device: Device, problem: Problem, items: list[dict[str, Any]],
-         name: str | None = None) -> Any:
-    """Record measurements and recompute the winner in one transaction; returns the WinnerRecord.
-    A problem that has a winner now is no longer a failed one (its failure record goes)."""
+         name: str | None = None, token_id: int | None = None) -> Any:
+    """Record measurements (uploaded with the stored token `token_id`, if any) and recompute the
+    winner in one transaction; returns the WinnerRecord. A problem that has a winner now is no
+    longer a failed one (its failure record goes)."""
     from db import repository as repo
 
     with database.session() as s:
         dev = repo.upsert_device(s, **device_values(device))
         prob = repo.upsert_problem(s, **problem_values(problem, name))
-        repo.record_measurements(s, dev.id, prob.id, items)
+        repo.record_measurements(s, dev.id, prob.id, items, token_id=token_id)
         winner = repo.recompute_winner(s, dev.id, prob.id)
         if winner is not None:
             repo.clear_failure(s, dev.id, prob.id)

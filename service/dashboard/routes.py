@@ -169,7 +169,8 @@ def problem(request: Request, ref: str, _: ReadAuth, s: ReadSessionDep) -> HTMLR
             if g.measurements else None,
         })
     failures = [f for f in repo.list_failures(s, limit=1000) if f.problem_key == record.key]
-    return _render(request, "problem.html", problem=record, plots=plots, failures=failures,
+    writers = {t.id: t.name for t in repo.list_tokens(s)}   # who uploaded a measurement (provenance)
+    return _render(request, "problem.html", problem=record, plots=plots, failures=failures, writers=writers,
                    device_by_key={d.key: d for d in devices.values()}, problem_json=views.problem_json(record))
 
 

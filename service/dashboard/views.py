@@ -199,6 +199,17 @@ class DeviceGroup:
         return [(i, m) for i, m in enumerate(self.measurements, start=1) if m.status != "ok"]
 
     @property
+    def winning(self) -> MeasurementRecord | None:
+        """The measurement the winner was chosen from (its strategy's among the winner's evidence):
+        whose source, token, host and repetitions the page shows as the winner's provenance."""
+        w = self.winner
+        if w is None:
+            return None
+        ids = set(w.measurement_ids)
+        found = [m for m in self.measurements if m.id in ids and m.strategy_key == w.strategy_key]
+        return found[-1] if found else None
+
+    @property
     def label(self) -> str:
         return device_label(self.device) if self.device else f"device {self.device_id}"
 

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, HTTPException
 
 from autotuner.tune import store
-from service.deps import StateDep, WriteAuth
+from service.deps import ResultsAuth, StateDep
 from service.errors import invalid
 from service.routes._common import WRITE, responses
 from service.schemas import ResultsRequest, ResultsResponse, WinnerOut
@@ -16,20 +16,26 @@ router = APIRouter(prefix="/v1/results", tags=["results"])
 
 
 @router.post("", response_model=ResultsResponse, status_code=201, responses=responses(*WRITE))
-def post_results(_: WriteAuth, req: ResultsRequest, state: StateDep) -> ResultsResponse:
+def post_results(grant: ResultsAuth, req: ResultsRequest, state: StateDep) -> ResultsResponse:
     """Store the measurements of one problem on one device and recompute its winner, in one
-    transaction (`autotuner.tune.store.save`). `ratio` is baseline time / the strategy's time."""
+    transaction (`autotuner.tune.store.save`). `ratio` is baseline time / the strategy's time.
+    Each measurement records who wrote it: its `source` (`tuned` when omitted; an in-job token may
+    upload only `in-job` ones, and those are its default) and the stored token that sent it."""
     items: list[dict[str, Any]] = []
+    in_job = grant.scope == "in-job"
     for i, m in enumerate(req.measurements):
         key = m.strategy.key
         if m.strategy_key is not None and m.strategy_key != key:
             raise invalid(["body", "measurements", i, "strategy_key"],
                           f"{m.strategy_key!r} does not match the strategy (its key is {key!r})",
                           m.strategy_key)
+        if in_job and m.source not in (None, "in-job"):
+            raise HTTPException(403, f"measurements[{i}]: an in-job token uploads in-job measurements only, "
+                                     f"not {m.source!r}")
         item = m.model_dump(exclude={"strategy", "strategy_key"}, exclude_none=True)
-        item.update(strategy=m.strategy.to_dict(), strategy_key=key)
+        item.update(strategy=m.strategy.to_dict(), strategy_key=key, source=m.source or ("in-job" if in_job else "tuned"))
         items.append(item)
-    winner = store.save(state.database, req.device, req.problem, items, name=req.name)
+    winner = store.save(state.database, req.device, req.problem, items, name=req.name, token_id=grant.token_id)
     dkey, pkey = state.parse_memo.key(req.device), state.parse_memo.key(req.problem)
     state.lookups.forget(dkey, pkey)
     return ResultsResponse(device_key=dkey, problem_key=pkey, recorded=len(items),

@@ -71,3 +71,20 @@ def test_a_serial_control_never_wins_and_its_strategy_round_trips():
     control = ring.serial()
     assert control.key == "serial-bidi-c2-u1-after-comp" and control.is_control and not control.rewrites
     assert Strategy.from_dict(control.to_dict()) == control and control.ring() == ring
+
+
+def test_weaker_evidence_replaces_a_stronger_winner_only_with_an_interval_that_says_it_is_better():
+    tuned = Evidence("ring", 1.3, 1.2, 1.4, label="tuned ring", source="tuned", n=15)
+    in_job = Evidence("ring", 1.6, 1.1, 2.1, label="in-job ring", source="in-job", n=3)
+    assert choose([tuned, in_job], "baseline") == 0          # faster on its point, not by its interval
+    clear = in_job._replace(lo=1.45)                          # its lower end above the tuned one's upper
+    assert choose([tuned, clear], "baseline") == 1
+    # narrower evidence of the same source: under half the repetitions
+    few = Evidence("ring", 1.5, 1.25, 1.8, source="tuned", n=5)
+    assert choose([tuned, few], "baseline") == 0
+    assert choose([tuned, few._replace(n=8)], "baseline") == 1
+    # a stored measurement without a source counts as tuned; the strongest qualifying always wins
+    assert choose([tuned._replace(source=None), in_job], "baseline") == 0
+    assert choose([in_job], "baseline") == 0
+    # weaker evidence that does not qualify at all does not block a stronger one
+    assert choose([Evidence("ring", 0.9, 0.8, 1.0, source="in-job", n=3), tuned], "baseline") == 1

@@ -34,9 +34,9 @@ TABLES = {
     "model_benches": (records.ModelBenchRecord, set()),
     "step_evidence": (records.EvidenceRecord, set()),
 }
-# bookkeeping tables no record shows (the service's change log, db/_changes.py): never read by a
-# route or a converter, so they have no field list of their own
-INTERNAL = {"generation", "winner_changes"}
+# bookkeeping tables no record shows (the service's change log, db/_changes.py; which code reads the
+# schema, db.database.check_schema): never read by a route or a converter, so no field list of their own
+INTERNAL = {"generation", "winner_changes", "schema_readers"}
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
@@ -134,7 +134,7 @@ def test_checks_on_write_follow_the_fields() -> None:
 def test_measurement_input_is_the_record_less_what_the_database_sets() -> None:
     assert set(records.MEASUREMENT_INPUT_FIELDS) == (
         {f.name for f in dataclasses.fields(records.MeasurementRecord)}
-        - {"id", "problem_id", "device_id", "method"})
+        - {"id", "problem_id", "device_id", "method", "token_id"})
     assert records.MeasurementInput.__required_keys__ == {"strategy", "strategy_key", "status"}
     c = Candidate(strategy={"method": "ring"}, key="ring-k", samples=[1.0, 2.0], median_s=1.5,
                   n=2, ratio=1.2, ratio_lo=1.1, ratio_hi=1.3, memory={"peak": 1})
@@ -143,7 +143,7 @@ def test_measurement_input_is_the_record_less_what_the_database_sets() -> None:
                     "reason": None, "samples": [1.0, 2.0], "median_s": 1.5, "iqr_s": None,
                     "min_s": None, "n": 2, "ratio": 1.2, "ratio_lo": 1.1, "ratio_hi": 1.3, "aa_width": None,
                     "compile_s": None, "memory": {"peak": 1}, "run_id": "r", "host": "h",
-                    "serial_s": None, "traffic_speedup": None}
+                    "serial_s": None, "traffic_speedup": None, "source": None}
     assert item["strategy"] is not c.strategy
     with pytest.raises(AttributeError, match="run_id"):  # a field the source lacks must be given
         records.measurement_input(c, strategy_key=c.key)

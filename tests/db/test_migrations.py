@@ -31,8 +31,10 @@ from db.database import MIGRATIONS_DIR
 from db.tables import Base
 
 OUR_TABLES = {"devices", "problems", "measurements", "winners", "tuning_jobs", "demand", "tokens",
-              "calibrations", "failures", "generation", "winner_changes", "model_benches", "step_evidence"}
-TABLES_0001 = OUR_TABLES - {"calibrations", "failures", "generation", "winner_changes", "model_benches", "step_evidence"}
+              "calibrations", "failures", "generation", "winner_changes", "model_benches", "step_evidence",
+              "schema_readers"}
+TABLES_0001 = OUR_TABLES - {"calibrations", "failures", "generation", "winner_changes", "model_benches", "step_evidence",
+                            "schema_readers"}
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -45,7 +47,7 @@ def table_names(url: str, schema: str | None = None) -> set[str]:
 
 
 def test_one_head_shipped_with_the_package() -> None:
-    assert head_revision() == "0009"
+    assert head_revision() == "0010"
     assert (MIGRATIONS_DIR / "env.py").is_file()
     assert (MIGRATIONS_DIR / "script.py.mako").is_file()
     assert (MIGRATIONS_DIR.parent / "alembic.ini").is_file()
@@ -155,14 +157,21 @@ def test_migrations_match_the_models(db_url: str) -> None:
     assert diff == []
 
 
-def test_check_schema_rejects_an_unknown_revision(db_url: str) -> None:
+def test_check_schema_rejects_an_unknown_revision_unless_it_declares_this_code_a_reader(db_url: str) -> None:
     engine = make_engine(db_url)
     try:
         with engine.begin() as conn:
             conn.execute(text("UPDATE alembic_version SET version_num = 'ffff9999'"))
+        check_schema(engine)   # newer, but expand-only since 0009 (schema_readers): this code reads it
+        with engine.begin() as conn:
+            conn.execute(text("UPDATE schema_readers SET min_revision = 'ffff9998'"))
         with pytest.raises(SchemaError, match="newer") as excinfo:
             check_schema(engine)
-        assert "ffff9999" in str(excinfo.value)
+        assert "ffff9999" in str(excinfo.value) and "needs code at 'ffff9998'" in str(excinfo.value)
+        with engine.begin() as conn:
+            conn.execute(text("DELETE FROM schema_readers"))
+        with pytest.raises(SchemaError, match="newer"):
+            check_schema(engine)
     finally:
         engine.dispose()
 

@@ -134,6 +134,8 @@ def mrec(
     at: datetime | None = None,
     traffic: float | None = None,
     aa: float | None = None,
+    source: str | None = "tuned",
+    n: int = 0,
 ) -> MeasurementRecord:
     """A measurement record for the pure rule tests."""
     return MeasurementRecord(
@@ -149,7 +151,7 @@ def mrec(
         median_s=median if status == "ok" else None,
         iqr_s=None,
         min_s=None,
-        n=0,
+        n=n,
         ratio=ratio,
         ratio_lo=lo,
         ratio_hi=hi,
@@ -160,6 +162,8 @@ def mrec(
         host=None,
         serial_s=None if traffic is None else 0.01 * ratio / traffic if ratio else None,
         traffic_speedup=traffic,
+        source=source,
+        token_id=None,
         created_at=at or T0 + timedelta(seconds=id),
     )
 

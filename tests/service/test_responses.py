@@ -154,7 +154,7 @@ def measurement_out(id: int, device_id: int, device_key: str, **changes: Any) ->
             "reason": None, "samples": [0.001] * 7, "median_s": 0.001, "iqr_s": None,
             "min_s": None, "n": 7, "ratio": None, "ratio_lo": None, "ratio_hi": None, "aa_width": None,
             "compile_s": None, "memory": None, "run_id": None, "host": None, "serial_s": None,
-            "traffic_speedup": None, "created_at": TIME,
+            "traffic_speedup": None, "source": "tuned", "token_id": None, "created_at": TIME,
             **changes}
 
 

@@ -102,6 +102,8 @@ def test_first_job_measures_and_stores_the_next_job_measures_nothing(server, qui
                                                     "problem": next(x.problem for x in plan if x.key == k).to_dict()},
                        trust_env=False)
         assert r.status_code == 200 and r.json()["source"] == "tuned", r.text
+        stored = httpx.get(f"{server}/v1/problems/{k}", trust_env=False).json()["measurements"]
+        assert stored and {m["source"] for m in stored} == {"in-job"}   # provenance: the job measured them
 
     # the next job: a fresh process state, a fresh client; nothing measured, the service's answers
     DECISIONS.clear()
