@@ -72,6 +72,13 @@ def stored_grant(token: str, database: Database) -> Grant | None:
     return Grant(found[1], found[0])  # type: ignore[arg-type]
 
 
+async def grant_of(token: str, settings: Settings, database: Database) -> Grant | None:
+    """What ``token`` grants (a settings token, checked in the event loop, else a stored one,
+    looked up in a thread), None where it is not valid."""
+    scope = settings_scope(token, settings)
+    return Grant(scope, None) if scope is not None else await run_in_threadpool(stored_grant, token, database)
+
+
 async def require(need: Need, token: str | None, settings: Settings, database: Database) -> Grant:
     """The grant of ``token``; 401/403 unless it allows ``need``. Settings tokens are checked in the
     event loop; only a token that is not one of them is looked up in the database (in a thread)."""
@@ -80,8 +87,7 @@ async def require(need: Need, token: str | None, settings: Settings, database: D
     if not token:
         raise HTTPException(401, f"a bearer token is required ({'write' if need == 'results' else need}): "
                                  "send 'Authorization: Bearer TOKEN'", headers=_CHALLENGE)
-    scope = settings_scope(token, settings)
-    grant = Grant(scope, None) if scope is not None else await run_in_threadpool(stored_grant, token, database)
+    grant = await grant_of(token, settings, database)
     if grant is None:
         raise HTTPException(401, "invalid or revoked token", headers=_INVALID)
     if need == "write" and grant.scope != "write":

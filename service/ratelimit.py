@@ -35,7 +35,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from fastapi import HTTPException
 from fastapi.responses import JSONResponse
 from starlette.types import Receive, Scope, Send
 
@@ -110,16 +109,12 @@ class AnonymousLimiter:
 
 
 async def has_valid_token(token: str, state: Any) -> bool:
-    """Whether :mod:`service.auth` accepts ``token`` at all: its own check, asked for a write,
-    passes a write token and refuses any other valid token with 403 (an invalid one: 401). A
-    database that cannot say counts as no."""
+    """Whether :mod:`service.auth` accepts ``token`` at all (any scope); a database that cannot
+    say counts as no."""
     try:
-        await auth.require("write", token, state.settings, state.database)
-    except HTTPException as e:
-        return e.status_code == 403
+        return await auth.grant_of(token, state.settings, state.database) is not None
     except StorageError:
         return False
-    return True
 
 
 def _bearer(scope: Scope) -> str | None:
