@@ -11,8 +11,9 @@ is its session's noise band [1 - A/A width, 1 + A/A width] (the rule's own floor
 - `same`: the same strategy won (the baseline counts).
 - `within noise`: different winners, and at most one run tells them apart (the other's evidence
   does not decide between them: a problem at the edge of the noise, or two rings alike).
-- `DIFFER`: each run tells the two winners apart, so each contradicts the other; or one run never
-  measured the other run's winner (the search did not sample it).
+- `not sampled`: one run never measured the other run's winner (its search did not reach it), so
+  it cannot contradict it; printed with what each run measured of both.
+- `DIFFER`: each run tells the two winners apart: each contradicts the other.
 
 Then the step: each run's bench-model speedup and interval, and whether each point lies inside
 the other run's interval. Exit status 0 when no problem DIFFERs and the step speedups lie inside
@@ -52,19 +53,19 @@ def _interval(row: dict[str, Any], key: str) -> tuple[float, float] | None:
     return (ci[0], ci[1]) if ci and None not in ci else None
 
 
-def verdict(r1: dict[str, Any], r2: dict[str, Any]) -> tuple[str, str]:
-    """(verdict, why) for one problem's rows in the two runs."""
+def verdict(r1: dict[str, Any], r2: dict[str, Any], names: tuple[str, str] = ("run 1", "run 2")) -> tuple[str, str]:
+    """(verdict, why) for one problem's rows in the two runs (called `names`)."""
     w1, w2 = _winner(r1), _winner(r2)
     if w1 == w2:
         return "same", ""
     told, why = 0, []
-    for n, row in ((1, r1), (2, r2)):
+    for n, row in zip(names, (r1, r2), strict=True):
         a, b = _interval(row, w1), _interval(row, w2)
         if a is None or b is None:
-            return "DIFFER", f"run {n} never measured {w1 if a is None else w2}"
+            return "not sampled", f"{n} never measured {w1 if a is None else w2}"
         apart = a[0] > b[1] or b[0] > a[1]
         told += apart
-        why.append(f"run {n}: {w1} [{a[0]:.3f}, {a[1]:.3f}], {w2} [{b[0]:.3f}, {b[1]:.3f}]"
+        why.append(f"{n}: {w1} [{a[0]:.3f}, {a[1]:.3f}], {w2} [{b[0]:.3f}, {b[1]:.3f}]"
                    + (" apart" if apart else " overlap"))
     return ("DIFFER" if told == 2 else "within noise"), "; ".join(why)
 
@@ -81,22 +82,23 @@ def main(run1: str, run2: str) -> int:
     a, b = Path(run1), Path(run2)
     rows1, rows2 = _rows(a), _rows(b)
     ok = True
-    print(f"{'problem':44} {'run 1':58} {'run 2':58} verdict")
+    names = (a.name, b.name)
+    print(f"{'problem':44} {names[0]:58} {names[1]:58} verdict")
     for key in sorted(set(rows1) | set(rows2), key=lambda k: (rows1.get(k) or rows2[k])["name"] or k):
         r1, r2 = rows1.get(key), rows2.get(key)
         name = ((r1 or r2) or {}).get("name") or key[:12]
         name = name if len(name) <= 44 else name[:30] + "…" + name[-13:]
         if r1 is None or r2 is None:
-            print(f"{name:44} only in run {1 if r2 is None else 2}")
+            print(f"{name:44} only in {names[0] if r2 is None else names[1]}")
             ok = False
             continue
-        v, why = verdict(r1, r2)
+        v, why = verdict(r1, r2, names)
         ok &= v != "DIFFER"
         print(f"{name:44} {_fmt(r1)[:58]:58} {_fmt(r2)[:58]:58} {v}" + (f"  ({why})" if why else ""))
     steps = [json.loads((run / "bench.json").read_text()) for run in (a, b)]
-    for n, s in enumerate(steps, 1):
+    for n, s in zip(names, steps, strict=True):
         share = s.get("overlap_share")
-        print(f"step, run {n}: plain {s['plain']['median_s'] * 1e3:.2f} ms, overlapped "
+        print(f"step, {n}: plain {s['plain']['median_s'] * 1e3:.2f} ms, overlapped "
               f"{s['overlapped']['median_s'] * 1e3:.2f} ms, speedup {s['speedup']:.3f}x "
               f"[{s['speedup_lo']:.3f}, {s['speedup_hi']:.3f}]"
               + ("" if share is None else f", overlap explains {100 * share:.0f}% of the saving"))
