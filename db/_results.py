@@ -36,7 +36,7 @@ _CHOSEN = tuple(f.name for f in dataclasses.fields(WinnerChoice)
 # --------------------------------------------------------------------------- measurements
 
 
-def _measurement_row(device_id: int, problem_id: int, i: int, item: Any) -> Measurement:
+def _measurement_row(device_id: int, problem_id: int, i: int, item: Any, token_id: int | None = None) -> Measurement:
     where = f"items[{i}]"
     if not isinstance(item, dict):
         raise ValueError(f"{where} must be a dict, not {type(item).__name__}")
@@ -49,14 +49,14 @@ def _measurement_row(device_id: int, problem_id: int, i: int, item: Any) -> Meas
     if not isinstance(method, str) or not method:
         raise ValueError(f'{where}.strategy needs a "method" string')
     check_value(_METHOD, method, f"{where}.strategy.method")
-    if values.get("source") is not None and values["source"] not in MEASUREMENT_SOURCES:
+    if values["source"] not in MEASUREMENT_SOURCES:
         raise ValueError(f"{where}.source must be one of {MEASUREMENT_SOURCES}, not {values['source']!r}")
     if values["status"] not in MEASUREMENT_STATUSES:
         raise ValueError(f"{where}.status must be one of {MEASUREMENT_STATUSES}, "
                          f"not {values['status']!r}")
     if values["status"] == "ok" and values["median_s"] is None:
         raise ValueError(f'{where}: an "ok" measurement needs median_s')
-    return Measurement(device_id=device_id, problem_id=problem_id, method=method, **values)
+    return Measurement(device_id=device_id, problem_id=problem_id, method=method, token_id=token_id, **values)
 
 
 def record_measurements(
@@ -67,9 +67,7 @@ def record_measurements(
     write); return them with their ids, in order. An item without a ``source`` was measured by a
     tuning run (``tuned``). Validates every item before writing any. Does not recompute the
     winner (call :func:`recompute_winner` in the same transaction)."""
-    rows = [_measurement_row(device_id, problem_id, i, item) for i, item in enumerate(items)]
-    for row in rows:
-        row.token_id = token_id
+    rows = [_measurement_row(device_id, problem_id, i, item, token_id) for i, item in enumerate(items)]
     if not rows:
         return []
     if s.get(Device, device_id) is None:

@@ -234,9 +234,7 @@ def check_schema(engine: Engine) -> None:
             f"database {shown} has no autotuner schema (empty, or never migrated); {fix}"
         )
     script = ScriptDirectory.from_config(alembic_config())
-    try:
-        script.get_revision(current)
-    except CommandError:
+    if not _known(script, current):
         reader = min_reader(engine)
         if reader is not None and _known(script, reader):
             return   # newer, but expand-only since a revision this code has: it reads and writes it
@@ -244,7 +242,7 @@ def check_schema(engine: Engine) -> None:
         raise SchemaError(
             f"database {shown} is at revision {current!r}, which this version of autotuner "
             f"does not know (head is {head!r}): the database is newer{needs}; upgrade autotuner"
-        ) from None
+        )
     raise SchemaError(
         f"database {shown} is at revision {current!r}, this code needs {head!r}; {fix}"
     )

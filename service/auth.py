@@ -22,10 +22,10 @@ from starlette.concurrency import run_in_threadpool
 from autotuner.settings import Settings
 from db import Database
 from db import repository as repo
+from db.tables import TOKEN_SCOPES
 
 Scope = Literal["read", "write", "in-job"]
 Need = Literal["read", "write", "results"]   # what a route needs: results takes write or in-job
-SCOPES = ("read", "write", "in-job")
 
 
 class Grant(NamedTuple):
@@ -49,6 +49,14 @@ def _matches(token: bytes, configured: list[str]) -> bool:
     return found
 
 
+def bearer_token(header: bytes | None) -> str | None:
+    """The token of a raw ``Authorization: Bearer TOKEN`` header value, None without one (for the
+    ASGI layers in front of FastAPI's own ``HTTPBearer``)."""
+    if header is None or header[:7].lower() != b"bearer ":
+        return None
+    return header[7:].decode("latin-1").strip() or None
+
+
 def settings_scope(token: str, settings: Settings) -> Scope | None:
     """The scope a settings token grants (compared in constant time), else None."""
     raw = token.encode("utf-8", "surrogateescape")
@@ -67,7 +75,7 @@ def stored_grant(token: str, database: Database) -> Grant | None:
         return None
     with database.session(read_only=True) as s:
         found = repo.token_grant(s, token)
-    if found is None or found[1] not in SCOPES:
+    if found is None or found[1] not in TOKEN_SCOPES:
         return None
     return Grant(found[1], found[0])  # type: ignore[arg-type]
 

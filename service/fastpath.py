@@ -134,10 +134,10 @@ class LookupFastPath:
     async def _answer(self, path: str, body: bytes, token: bytes | None) -> bytes | None:
         state = self.state
         if state.settings.read_tokens:
-            if token is None or token[:7].lower() != b"bearer ":
+            bearer = auth.bearer_token(token)
+            if bearer is None:
                 return None
-            await auth.require("read", token[7:].decode("latin-1").strip(), state.settings,
-                               state.database)
+            await auth.require("read", bearer, state.settings, state.database)
         parsed = self._parse(path, body)
         if parsed is None:
             return None

@@ -120,9 +120,7 @@ async def has_valid_token(token: str, state: Any) -> bool:
 def _bearer(scope: Scope) -> str | None:
     for name, value in scope["headers"]:
         if name == b"authorization":
-            if value[:7].lower() != b"bearer ":
-                return None
-            return value[7:].decode("latin-1").strip() or None
+            return auth.bearer_token(value)
     return None
 
 

@@ -33,7 +33,9 @@ def post_results(grant: ResultsAuth, req: ResultsRequest, state: StateDep) -> Re
             raise HTTPException(403, f"measurements[{i}]: an in-job token uploads in-job measurements only, "
                                      f"not {m.source!r}")
         item = m.model_dump(exclude={"strategy", "strategy_key"}, exclude_none=True)
-        item.update(strategy=m.strategy.to_dict(), strategy_key=key, source=m.source or ("in-job" if in_job else "tuned"))
+        item.update(strategy=m.strategy.to_dict(), strategy_key=key)
+        if in_job:
+            item["source"] = "in-job"
         items.append(item)
     winner = store.save(state.database, req.device, req.problem, items, name=req.name, token_id=grant.token_id)
     dkey, pkey = state.parse_memo.key(req.device), state.parse_memo.key(req.problem)
