@@ -17,7 +17,8 @@ all read the same fields the same way. Fields:
 - ``AUTOTUNER_PARSE_MEMO_ENTRIES`` / ``_BYTES``, ``AUTOTUNER_LOOKUP_CACHE_ENTRIES`` / ``_BYTES``,
   ``AUTOTUNER_NEAREST_MAX_GROUPS`` / ``_BYTES``, ``AUTOTUNER_DEMAND_MAX_ROWS`` / ``_PENDING``:
   what a service process keeps in memory and in the demand table (README "Limits and bounds").
-- ``AUTOTUNER_ANON_LOOKUP_RATE`` / ``_BURST`` / ``_CLIENTS``, ``AUTOTUNER_ANON_BATCH_CONCURRENCY``:
+- ``AUTOTUNER_ANON_LOOKUP_RATE`` / ``_BURST`` / ``_CLIENTS``, ``AUTOTUNER_ANON_BATCH_CONCURRENCY`` /
+  ``_SHARE`` / ``_SLICE``:
   what lookups without a valid token may cost a service process (``service.ratelimit``).
 """
 
@@ -151,8 +152,12 @@ class Settings(BaseSettings):
                                    description="Problems one address may look up at once without a token (a larger batch costs all).")
     anon_lookup_clients: int = Field(default=16_384, gt=0,
                                      description="Addresses whose anonymous lookups are counted (the least recently seen go first).")
-    anon_batch_concurrency: int = Field(default=2, ge=0,
-                                        description="Anonymous batch lookups running at once (0: no limit).")
+    anon_batch_concurrency: int = Field(default=8, ge=0,
+                                        description="Anonymous batch lookups admitted at once, their slices paced (0: no limit).")
+    anon_batch_share: float = Field(default=0.1, gt=0, le=1,
+                                    description="Share of a process's time its anonymous batch lookups may take together (1: not paced).")
+    anon_batch_slice: int = Field(default=8, gt=0,
+                                  description="Problems of an anonymous batch answered at a time, between rests (service.pacing).")
     # client (autotuner.runtime.client.default_client): the service a training job asks
     service_url: str | None = None
     service_token: str | None = Field(default=None, repr=False)

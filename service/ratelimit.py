@@ -11,7 +11,10 @@ in each service process, to
   burst (it waits for a full bucket instead of never passing). At most
   ``AUTOTUNER_ANON_LOOKUP_CLIENTS`` addresses are remembered, the least recently seen going
   first, so a scan from many addresses cannot grow the table;
-- at most ``AUTOTUNER_ANON_BATCH_CONCURRENCY`` anonymous batch lookups running at once.
+- at most ``AUTOTUNER_ANON_BATCH_CONCURRENCY`` anonymous batch lookups running at once;
+- and what the admitted batches cost the process: their work is paced (:mod:`service.pacing`),
+  one slice of ``AUTOTUNER_ANON_BATCH_SLICE`` problems at a time, resting so that together they
+  take at most ``AUTOTUNER_ANON_BATCH_SHARE`` of the process's time.
 
 Past either it is answered 429 with ``{"detail": ...}`` naming the limit and the setting that
 raises it, and ``Retry-After``; refused requests are counted in
@@ -36,12 +39,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
 from db import StorageError
 from service import auth
 from service.bounded import BoundedDict
 from service.fastpath import ASGI, BATCH, PATHS, _read, _replay
+from service.pacing import SCOPE_KEY, Pacer
 
 CLIENT_BYTES = 256  # an address's bucket in the table, roughly (the key, two floats, the entry)
 CONCURRENCY_RETRY_SECONDS = 1  # a batch takes milliseconds to about 2 s
@@ -124,6 +129,14 @@ def _bearer(scope: Scope) -> str | None:
     return None
 
 
+def _count(body: bytes) -> int:
+    try:
+        problems = json.loads(body).get("problems")
+    except (ValueError, RecursionError, AttributeError):  # the routes answer it 422
+        problems = None
+    return len(problems) if isinstance(problems, list) else 1
+
+
 class AnonymousLookupLimit:
     """ASGI: lookups without a valid token admitted by :class:`AnonymousLimiter` (else a 429),
     everything else straight to ``app`` (the fast path)."""
@@ -134,11 +147,14 @@ class AnonymousLookupLimit:
         s = state.settings
         self.limiter = AnonymousLimiter(s.anon_lookup_rate, s.anon_lookup_burst, s.anon_batch_concurrency,
                                         s.anon_lookup_clients)
+        # the admitted anonymous batches' work, one slice at a time (service.pacing)
+        self.pacer = Pacer(s.anon_batch_share, s.anon_batch_slice)
+        self.active = self.limiter.active or self.pacer.share < 1
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path")
         if (scope["type"] != "http" or path not in PATHS or scope["method"] != "POST"
-                or not self.limiter.active or self.state.settings.read_tokens):
+                or not self.active or self.state.settings.read_tokens):
             await self.app(scope, receive, send)  # with read tokens, auth refuses the anonymous
             return
         start = time.perf_counter()
@@ -158,6 +174,8 @@ class AnonymousLookupLimit:
             self.state.metrics.observe("POST", path, 429, time.perf_counter() - start)
             self.state.metrics.limited.labels(refusal.limit).inc()
             return
+        if batch:
+            scope = {**scope, SCOPE_KEY: self.pacer}
         try:
             await self.app(scope, receive, send)
         finally:
@@ -176,9 +194,5 @@ class AnonymousLookupLimit:
         if length is None or not length.isdigit() or int(length) > settings.max_body_bytes:
             return settings.max_batch, receive
         body, after = await _read(receive)
-        try:
-            problems = json.loads(body).get("problems")
-        except (ValueError, RecursionError, AttributeError):  # the routes answer it 422
-            problems = None
-        n = len(problems) if isinstance(problems, list) else 1
+        n = await run_in_threadpool(_count, body)
         return max(1, min(n, settings.max_batch)), _replay(body, after, receive)

@@ -9,10 +9,11 @@ from __future__ import annotations
 import json
 import os
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
 
 from service.deps import ReadAuth, StateDep
 from service.errors import invalid
+from service.pacing import SCOPE_KEY
 from service.routes._common import READ, ErrorOut, responses
 from service.schemas import Lookup, LookupBatch, LookupBatchRequest, LookupRequest
 
@@ -38,14 +39,15 @@ async def lookup(_: ReadAuth, req: LookupRequest, state: StateDep) -> Response:
 
 
 @router.post("/batch", response_model=LookupBatch, responses={**responses(*READ, 413), **LIMITED})
-async def lookup_batch(_: ReadAuth, req: LookupBatchRequest, state: StateDep) -> Response:
+async def lookup_batch(_: ReadAuth, req: LookupBatchRequest, state: StateDep, request: Request) -> Response:
     """Up to `AUTOTUNER_MAX_BATCH` (default 1000) problems of one device at once, answered in
     order; repeated problems are looked up once."""
     limit = state.settings.max_batch
     if len(req.problems) > limit:
         raise invalid(["body", "problems"], f"at most {limit} problems per batch, got "
                                             f"{len(req.problems)}")
-    results = await state.lookups.run_json(req.device, req.problems)
+    # an anonymous batch: answered in the pacer's slices (service.pacing)
+    results = await state.lookups.run_json(req.device, req.problems, pacer=request.scope.get(SCOPE_KEY))
     state.metrics.batch_size.observe(len(req.problems))
     dkey = json.dumps(state.parse_memo.key(req.device)).encode()
     body = b'{"device_key":%s,"results":[%s]}' % (dkey, b",".join(results))

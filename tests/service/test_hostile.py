@@ -217,7 +217,7 @@ def test_hostile_lookups_are_422s_beside_valid_ones(db_url):
 def test_a_failing_problem_fails_only_its_own_coalesced_lookup():
     device = Device.from_dict(DEVICE)
 
-    def resolve(device: Device, dkey: str, problems: dict[str, Any], provisional: set[str]) -> dict[str, Any]:
+    async def resolve(device: Device, dkey: str, problems: dict[str, Any], provisional: set[str]) -> dict[str, Any]:
         if "bad" in problems:
             raise OverflowError("Python int too large to convert to SQLite INTEGER")
         return {k: f"answer {k}" for k in problems}
