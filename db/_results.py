@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqlalchemy import and_, bindparam, delete, select
+from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
 from autotuner.rule import MEASUREMENT_SOURCES, reference_method
@@ -155,16 +156,17 @@ _WINNERS_BY_IDS = select(*Winner.__table__.c).where(
     Winner.problem_id.in_(bindparam("ids", expanding=True)))
 
 
-def get_winners(s: Session, device_key: str, problem_keys: Sequence[str]) -> dict[str, WinnerRecord]:
+def get_winners(s: Session | Connection, device_key: str, problem_keys: Sequence[str]
+                ) -> dict[str, WinnerRecord]:
     """The stored winners of many problems on one device, by problem key: two queries per 500
     keys.
 
     This is the service's lookup path, so it is kept lean: statements built once, run on the
-    session's connection, plain column rows rather than ORM entities (building mapped objects
-    costs more than the queries)."""
+    session's connection (or the connection given: ``Database.reader``), plain column rows
+    rather than ORM entities (building mapped objects costs more than the queries)."""
     keys = list(dict.fromkeys(problem_keys))
     out: dict[str, WinnerRecord] = {}
-    conn = s.connection()
+    conn = s.connection() if isinstance(s, Session) else s
     for lo in range(0, len(keys), 500):
         key_of = dict(conn.execute(_IDS_BY_KEYS, {"keys": keys[lo: lo + 500]}).all())
         if not key_of:

@@ -50,6 +50,7 @@ __all__ = [
     "head_revision",
     "make_engine",
     "make_session_factory",
+    "read_scope",
     "session_scope",
     "translate_error",
     "upgrade",
@@ -170,6 +171,22 @@ def session_scope(
         raise
     finally:
         session.close()
+
+
+@contextmanager
+def read_scope(engine: Engine) -> Iterator[Connection]:
+    """A connection in a read transaction (SQLite: a deferred ``BEGIN``, beside a writer), for
+    the lookup path's plain statements: no ORM session to build and close (about a third of a
+    single lookup's database time). Errors translated as in :func:`session_scope`; the body
+    must not write."""
+    try:
+        with engine.connect() as conn:
+            if engine.dialect.name == "sqlite":
+                conn.execution_options(**{_SQLITE_BEGIN: "DEFERRED"})
+            with conn.begin():
+                yield conn
+    except SQLAlchemyError as exc:
+        raise translate_error(exc) from exc
 
 
 def _rollback_quietly(session: Session) -> None:
@@ -358,6 +375,10 @@ class Database:
     def session(self, *, read_only: bool = False) -> AbstractContextManager[Session]:
         """:func:`session_scope` on this database's session factory."""
         return session_scope(self.sessions, read_only=read_only)
+
+    def reader(self) -> AbstractContextManager[Connection]:
+        """:func:`read_scope` on this database's engine."""
+        return read_scope(self.engine)
 
     def check_schema(self) -> None:
         check_schema(self.engine)

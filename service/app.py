@@ -10,6 +10,7 @@ misses and closes the engine.
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -67,14 +68,15 @@ class ServiceApp(FastAPI):
 
 
 def create_app(settings: Settings | None = None, *, database: Database | None = None,
-               model: ModelFn | None = None, check_schema: bool = True) -> FastAPI:
+               model: ModelFn | None = None, check_schema: bool = True, serving: bool = False) -> FastAPI:
     """The service for ``settings`` (default: from the environment).
 
     ``database`` defaults to ``Database(settings.db_url)`` (closed on shutdown only if created
     here). ``model`` is the cost-model hook (see :mod:`service.costmodel_hook`); by default the
     calibrated cost model of :mod:`autotuner.costmodel`, which answers for devices that have a
     calibration in the database (``autotuner calibrate``) and stays silent for the others. ``check_schema``:
-    refuse to start on a database that is not at the head revision.
+    refuse to start on a database that is not at the head revision. ``serving``: this app is the
+    process's (``service.app:app``), which freezes the heap startup built (see the lifespan).
     """
     settings = settings or get_settings()
     own_db = database is None
@@ -116,6 +118,13 @@ def create_app(settings: Settings | None = None, *, database: Database | None = 
             await run_in_threadpool(lookups.nearest.preload)  # read in the background
         except StorageError as e:  # e.g. not migrated (check_schema=False): read when asked
             log.warning("nearest-shape index not preloaded: %s", e)
+        if serving:
+            # What startup built (JAX's modules, the app, the index) lives as long as the
+            # process: out of the garbage collector's full collections, which otherwise
+            # traverse it every time, 100-400 ms pauses that are the lookups' p99
+            # (bench/load.py). Only the process uvicorn serves: a test process builds many apps.
+            gc.collect()
+            gc.freeze()
         try:
             yield
         finally:
@@ -148,6 +157,6 @@ def __getattr__(name: str) -> Any:
     if name == "app":  # built lazily, once: `uvicorn service.app:app`
         global _app
         if _app is None:
-            _app = create_app()
+            _app = create_app(serving=True)
         return _app
     raise AttributeError(f"module 'service.app' has no attribute {name!r}")

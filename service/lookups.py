@@ -48,6 +48,7 @@ from service.costmodel_hook import ModelFn, as_answer, model_answer
 from service.field_types import ParseMemo
 from service.metrics import Metrics
 from service.nearest import NearestIndex
+from service.pacing import Pacer
 from service.schemas import Lookup
 
 log = logging.getLogger("service.lookups")
@@ -58,6 +59,7 @@ DEMAND_MAX_PENDING = 10_000
 NEIGHBORS = 5
 CACHE_ENTRIES = 200_000
 CACHE_BYTES = 256 * 2**20
+INLINE_MAX = 64  # problems of a coalesced round whose exact matches SQLite reads on the event loop
 ANSWER_OVERHEAD = 1536  # bytes of a cached answer besides its JSON (the Lookup object, keys)
 
 
@@ -207,8 +209,8 @@ class _Coalescer:
     pattern).
 
     A request's problem joins the pending set; one drain task at a time takes everything
-    pending and resolves it in a worker thread with ``resolve`` (exact matches in one read
-    transaction, the rest from the nearest index and the model together), and hands each
+    pending and resolves it with ``resolve`` (:meth:`LookupEngine._round`: exact matches in one
+    read transaction, the rest from the nearest index and the model together), and hands each
     request its answer. While that runs the event loop keeps parsing requests, whose problems
     make up the next round: under load the batches grow by themselves, at low load a lookup
     waits for nothing but its own query.
@@ -241,8 +243,7 @@ class _Coalescer:
                       waiters: dict[str, tuple[Problem, list[asyncio.Future[Resolved]]]]) -> None:
         provisional: set[str] = set()
         try:
-            found = await run_in_threadpool(
-                self._resolve, device, dkey, {k: p for k, (p, _) in waiters.items()}, provisional)
+            found = await self._resolve(device, dkey, {k: p for k, (p, _) in waiters.items()}, provisional)
         except Exception as e:  # noqa: BLE001 - handed to the waiters of the problem that failed
             if len(waiters) > 1:  # which one? each alone: the others are answered
                 for pkey, waiter in waiters.items():
@@ -259,7 +260,11 @@ class _Coalescer:
                     f.set_result((found[pkey], pkey in provisional))
 
 
-Entry = tuple[float, Lookup, bytes]
+# A cached answer: its expiry, source and JSON - strings, bytes and a float only, so that the
+# garbage collector does not track it (a cache of Lookup objects made every full collection
+# traverse several objects per answer: 100-400 ms pauses in a serving process, its lookups' p99)
+Entry = tuple[float, str, bytes]
+Answered = tuple[str, bytes]  # an answer's source and JSON
 Keys = tuple[str, Sequence[str]]  # the device's key and the problems' keys, when known
 
 
@@ -298,20 +303,24 @@ class LookupEngine:
         self._epoch = 0
         self.nearest = NearestIndex(nearest_max_distance, NEIGHBORS, database,
                                     max_groups=nearest_max_groups, max_bytes=nearest_max_bytes)
-        self._coalescer = _Coalescer(self._resolve)
+        self._coalescer = _Coalescer(self._round)
+        # SQLite: a round's exact matches are read on the event loop. A point read of a local
+        # WAL file never waits for a lock and takes less CPU than the hop to a worker thread and
+        # back (``bench/load.py``'s single lookups at 1000/s: about half the server CPU each)
+        self.inline_reads = database.engine.dialect.name == "sqlite"
 
     # -- cache ---------------------------------------------------------------------------------
-    def _cached(self, dkey: str, pkey: str, now: float) -> Lookup | None:
+    def _cached(self, dkey: str, pkey: str, now: float) -> Answered | None:
         hit = self._answers.get((dkey, pkey))
         if hit is None or hit[0] < now:
             return None
-        return hit[1]
+        return hit[1], hit[2]
 
-    def _keep(self, answer: Lookup, now: float) -> None:
+    def _keep(self, dkey: str, pkey: str, answered: Answered, now: float) -> None:
         if self.cache_seconds <= 0:
             return
-        body = to_json(answer)
-        self._answers.put((answer.device_key, answer.problem_key), (now + self.cache_seconds, answer, body),
+        source, body = answered
+        self._answers.put((dkey, pkey), (now + self.cache_seconds, source, body),
                           estimate(len(body), 4, ANSWER_OVERHEAD))
 
     def forget(self, dkey: str, pkey: str) -> None:
@@ -334,7 +343,7 @@ class LookupEngine:
         whole = {dkey for dkey, pkey in changes if pkey is None}
         exact = set(changes)
         self._answers.discard_if(lambda k, e: k[0] in devices and (
-            k[0] in whole or k in exact or e[1].source not in EXACT_SOURCES))
+            k[0] in whole or k in exact or e[1] not in EXACT_SOURCES))
 
     # -- answers -------------------------------------------------------------------------------
     def _nearest(self, problem: Problem, pkey: str, dkey: str, neighbors: list[tuple[str, float]],
@@ -355,7 +364,7 @@ class LookupEngine:
         return _default(dkey, pkey)
 
     def _start(self, device: Device, problems: Sequence[Problem], known: Keys | None = None
-               ) -> tuple[float, str, list[str], dict[str, Problem], dict[str, Lookup], list[str]]:
+               ) -> tuple[float, str, list[str], dict[str, Problem], dict[str, Answered], list[str]]:
         now = time.monotonic()
         if known is not None:
             dkey, keys = known[0], list(known[1])
@@ -363,7 +372,7 @@ class LookupEngine:
             dkey = self.parse_memo.key(device)
             keys = [self.parse_memo.key(p) for p in problems]
         by_key: dict[str, Problem] = dict(zip(keys, problems, strict=True))
-        answers: dict[str, Lookup] = {}
+        answers: dict[str, Answered] = {}
         todo = []
         for k in by_key:
             hit = self._cached(dkey, k, now)
@@ -374,8 +383,8 @@ class LookupEngine:
         return now, dkey, keys, by_key, answers, todo
 
     def _exact(self, device: Device, dkey: str, todo: list[str]) -> dict[str, Lookup]:
-        with self.database.session(read_only=True) as s:
-            winners = repo.get_winners(s, dkey, todo)
+        with self.database.reader() as conn:
+            winners = repo.get_winners(conn, dkey, todo)
         return {k: _tuned(w, dkey, k, device.estimated) for k, w in winners.items()}
 
     def _resolve(self, device: Device, dkey: str, problems: dict[str, Problem],
@@ -386,6 +395,19 @@ class LookupEngine:
         rest = [k for k in problems if k not in found]
         if rest:
             found.update(self._inexact(device, dkey, problems, rest, provisional))
+        return found
+
+    async def _round(self, device: Device, dkey: str, problems: dict[str, Problem],
+                     provisional: set[str]) -> dict[str, Lookup]:
+        """:meth:`_resolve` for the coalescer: in a worker thread, but for SQLite (``inline_reads``)
+        a round of up to ``INLINE_MAX`` problems reads its exact matches on the event loop and
+        goes to a thread only for the rest (the nearest index and the model)."""
+        if not self.inline_reads or len(problems) > INLINE_MAX:
+            return await run_in_threadpool(self._resolve, device, dkey, problems, provisional)
+        found = self._exact(device, dkey, list(problems))
+        rest = [k for k in problems if k not in found]
+        if rest:
+            found.update(await run_in_threadpool(self._inexact, device, dkey, problems, rest, provisional))
         return found
 
     def _inexact(self, device: Device, dkey: str, by_key: dict[str, Problem], rest: list[str],
@@ -412,52 +434,46 @@ class LookupEngine:
         return out
 
     def _finish(self, device: Device, dkey: str, keys: list[str], by_key: dict[str, Problem],
-                answers: dict[str, Lookup], todo: list[str], now: float,
-                provisional: set[str], epoch: int) -> list[Lookup]:
-        if epoch == self._epoch:  # else answers changed while these were read: keep none
-            for k in todo:
-                if k not in provisional:
-                    self._keep(answers[k], now)
-        out = [answers[k] for k in keys]
+                answers: dict[str, Answered], found: dict[str, Lookup], now: float,
+                provisional: set[str], epoch: int) -> list[bytes]:
+        keep = epoch == self._epoch  # else answers changed while these were read: keep none
+        for k, answer in found.items():
+            answers[k] = answered = (answer.source, to_json(answer))
+            if keep and k not in provisional:
+                self._keep(dkey, k, answered, now)
         sources: dict[str, int] = {}
         misses: dict[str, tuple[Problem, int]] = {}
-        for a in out:
-            sources[a.source] = sources.get(a.source, 0) + 1
-            if a.source not in EXACT_SOURCES:
-                k = a.problem_key
+        for k in keys:
+            source = answers[k][0]
+            sources[source] = sources.get(source, 0) + 1
+            if source not in EXACT_SOURCES:
                 misses[k] = (by_key[k], misses[k][1] + 1 if k in misses else 1)
         self.metrics.count_lookups(sources)
         if misses:
             self.demand.add(device, dkey, misses)
-        return out
-
-    def json_of(self, answer: Lookup) -> bytes:
-        """``answer``'s JSON: the cached bytes when it is the cached answer, else serialised."""
-        entry = self._answers.get((answer.device_key, answer.problem_key))
-        if entry is not None and entry[1] is answer:
-            return entry[2]
-        return to_json(answer)
+        return [answers[k][1] for k in keys]
 
     async def run_json(self, device: Device, problems: Sequence[Problem],
-                       known: Keys | None = None) -> list[bytes]:
-        """:meth:`run`, each answer as its JSON bytes (cached with it)."""
-        return [self.json_of(a) for a in await self.run(device, problems, known)]
-
-    async def run(self, device: Device, problems: Sequence[Problem],
-                  known: Keys | None = None) -> list[Lookup]:
-        """Answers in the order asked; repeated problems are looked up once. Cached answers in
+                       known: Keys | None = None, pacer: Pacer | None = None) -> list[bytes]:
+        """The answers' JSON in the order asked; repeated problems are looked up once. Cached answers in
         the event loop; uncached single lookups coalesced (:class:`_Coalescer`), a batch's
         together (:meth:`_resolve`: exact matches in one read transaction, the others from the
-        nearest index and the model), in the thread pool."""
+        nearest index and the model), in the thread pool; with a ``pacer`` (an anonymous batch,
+        :mod:`service.pacing`) the uncached ones in its slices."""
         epoch = self._epoch
         now, dkey, keys, by_key, answers, todo = self._start(device, problems, known)
         provisional: set[str] = set()
+        found: dict[str, Lookup] = {}
         if len(todo) == 1:
             k = todo[0]
-            answers[k], late = await self._coalescer.get(device, dkey, k, by_key[k])
+            found[k], late = await self._coalescer.get(device, dkey, k, by_key[k])
             if late:
                 provisional.add(k)
+        elif pacer is not None:
+            for part in pacer.slices_of(todo):
+                found.update(await pacer.run(self._resolve, device, dkey, {k: by_key[k] for k in part},
+                                             provisional))
         elif todo:
-            answers.update(await run_in_threadpool(self._resolve, device, dkey,
-                                                   {k: by_key[k] for k in todo}, provisional))
-        return self._finish(device, dkey, keys, by_key, answers, todo, now, provisional, epoch)
+            found.update(await run_in_threadpool(self._resolve, device, dkey,
+                                                 {k: by_key[k] for k in todo}, provisional))
+        return self._finish(device, dkey, keys, by_key, answers, found, now, provisional, epoch)
