@@ -47,6 +47,7 @@ BATCH = "/v1/lookup/batch"
 PATHS = (SINGLE, BATCH)
 PROCESS_HEADER = b"x-autotuner-process"
 BATCH_MEMO_MAX = 256  # batch bodies remembered (at most)
+IDLE_SECONDS = 0.1  # a process that answered no other lookup for this long is idle (LookupFastPath.busy)
 
 ASGI = Callable[[Scope, Receive, Send], Awaitable[None]]
 # what a body parses to: the device, the problems, the device's key, the problems' keys
@@ -86,6 +87,8 @@ class LookupFastPath:
         self._memo: BoundedDict[str, bytes] = BoundedDict(entries, nbytes, lru=True)
         self._batch_memo: BoundedDict[str, bytes] = BoundedDict(min(entries, BATCH_MEMO_MAX), nbytes, lru=True)
         self._pid = b"%d" % os.getpid()
+        self.in_flight = 0  # lookups being answered here, not paced
+        self.last_done = float("-inf")  # when the last of them was answered (time.monotonic)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path")
@@ -108,10 +111,17 @@ class LookupFastPath:
         body, after = await _read(receive)
         answer = None
         if after is None:
+            pacer = scope.get(SCOPE_KEY)
+            if pacer is None:
+                self.in_flight += 1
             try:
-                answer = await self._answer(path, body, token, scope.get(SCOPE_KEY))
+                answer = await self._answer(path, body, token, pacer)
             except Exception:  # noqa: BLE001 - whatever it is, the routes answer it their way
                 answer = None
+            finally:
+                if pacer is None:
+                    self.in_flight -= 1
+                    self.last_done = time.monotonic()
         if answer is None:
             await self.app(scope, _replay(body, after, receive), send)
             return
@@ -121,6 +131,11 @@ class LookupFastPath:
                                 (PROCESS_HEADER, self._pid)]})
         await send({"type": "http.response.body", "body": answer})
         self.state.metrics.observe("POST", path, 200, time.perf_counter() - start)
+
+    def busy(self) -> bool:
+        """Whether this process answers other lookups now or did within ``IDLE_SECONDS``: the
+        anonymous batches' pacer (service.pacing) rests between slices while it does."""
+        return self.in_flight > 0 or time.monotonic() - self.last_done < IDLE_SECONDS
 
     def _parse(self, path: str, body: bytes) -> Parsed | None:
         start = self._start(path, body)

@@ -10,10 +10,11 @@ while it runs. So the work of the anonymous batches a process admits goes throug
 :class:`Pacer`: in slices of ``AUTOTUNER_ANON_BATCH_SLICE`` problems, one slice at a time
 across all of them, each run in the thread pool and followed by a rest that keeps the slices
 to ``AUTOTUNER_ANON_BATCH_SHARE`` of the wall time (a slice waits out the rest its predecessor
-left, so a small batch on an idle pacer is answered at once). A valid lookup then waits for at most one
-slice, and anonymous batches together never take more than that share of the process; an
-anonymous caller waits longer for its answer instead. Lookups with a valid token are never
-paced.
+left, so a small batch on an idle pacer is answered at once). A valid lookup then waits for at
+most one slice, and while other lookups are being answered anonymous batches together take no
+more than that share of the process (an anonymous caller waits longer for its answer instead);
+when none was for 0.1 s (``service.fastpath.IDLE_SECONDS``), a slice skips its rest, so a
+process with nothing else to do answers them at full speed. Lookups with a valid token are never paced.
 """
 
 from __future__ import annotations
@@ -33,11 +34,13 @@ SCOPE_KEY = "autotuner.pacer"  # where the limiter leaves the pacer for the fast
 class Pacer:
     """Runs functions one at a time in the thread pool, the next starting no sooner than
     ``1 / share - 1`` times as long after one ends as that one took (wall time: what it held
-    the process for); a pacer idle for that long runs the next at once.
+    the process for); a pacer idle for that long, or one whose ``busy()`` says no other work
+    waits, runs the next at once.
     ``size`` is the number of problems a caller puts in one slice. ``sleep`` and ``clock``
     for tests."""
 
-    def __init__(self, share: float, size: int, *, sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
+    def __init__(self, share: float, size: int, *, busy: Callable[[], bool] | None = None,
+                 sleep: Callable[[float], Awaitable[Any]] = asyncio.sleep,
                  clock: Callable[[], float] = time.perf_counter) -> None:
         if not 0 < share <= 1:
             raise ValueError(f"a pacer's share must be in (0, 1], not {share!r}")
@@ -45,6 +48,7 @@ class Pacer:
             raise ValueError(f"a pacer's slice must be at least 1 problem, not {size!r}")
         self.share = share
         self.size = size
+        self.busy = busy  # whether other work waits (None: always): no rest while nothing does
         self.sleep = sleep
         self.clock = clock
         self.slices = 0  # slices run so far
@@ -60,7 +64,7 @@ class Pacer:
             self._lock, self._loop = asyncio.Lock(), loop
         async with self._lock:
             rest = self._next - self.clock()
-            if rest > 0:
+            if rest > 0 and (self.busy is None or self.busy()):
                 await self.sleep(rest)
             start = self.clock()
             try:

@@ -148,7 +148,7 @@ class AnonymousLookupLimit:
         self.limiter = AnonymousLimiter(s.anon_lookup_rate, s.anon_lookup_burst, s.anon_batch_concurrency,
                                         s.anon_lookup_clients)
         # the admitted anonymous batches' work, one slice at a time (service.pacing)
-        self.pacer = Pacer(s.anon_batch_share, s.anon_batch_slice)
+        self.pacer = Pacer(s.anon_batch_share, s.anon_batch_slice, busy=getattr(app, "busy", None))
         self.active = self.limiter.active or self.pacer.share < 1
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

@@ -79,6 +79,25 @@ def test_slices_of_concurrent_batches_never_overlap():
     assert most == 1 and pacer.slices == 20
 
 
+def test_no_rest_while_nothing_else_waits():
+    clock, waiting = Clock(), [False]
+    pacer = Pacer(0.1, 1, busy=lambda: waiting[0], sleep=clock.sleep, clock=clock)
+
+    def work() -> None:
+        clock.now += 1.0
+
+    async def main() -> None:
+        await pacer.run(work)
+        await pacer.run(work)  # nothing waits: at once
+        waiting[0] = True
+        await pacer.run(work)  # a lookup waits: the rest its predecessor left, 9 x 1.0
+        waiting[0] = False
+        await pacer.run(work)
+
+    asyncio.run(main())
+    assert clock.slept == [9.0]
+
+
 @pytest.mark.parametrize("share,size", [(0.0, 1), (1.5, 1), (0.5, 0)])
 def test_a_pacer_refuses_a_share_or_slice_out_of_range(share: float, size: int):
     with pytest.raises(ValueError, match="share|slice"):

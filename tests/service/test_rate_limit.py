@@ -268,9 +268,11 @@ def test_the_load_benchmark_floods_at_a_small_rate(tmp_path):
                               "AUTOTUNER_ANON_LOOKUP_RATE": "1"})
     assert out.returncode == 0, out.stderr[-3000:]
     rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
-    assert [r["phase"] for r in rows] == ["valid, alone", "valid, beside the anonymous flood"], out.stdout
-    alone, flooded = rows
-    assert alone["errors"] == flooded["errors"] == 0 and alone["requests"] > 0 and flooded["requests"] > 0
-    assert alone["anonymous_sent"] == 0 and flooded["anonymous_sent"] > 0
+    assert [r["phase"] for r in rows] == ["valid, alone", "valid, beside the anonymous flood",
+                                          "valid, alone again"], out.stdout
+    alone, flooded, again = rows
+    assert alone["errors"] == flooded["errors"] == again["errors"] == 0
+    assert alone["requests"] > 0 and flooded["requests"] > 0 and again["requests"] > 0
+    assert alone["anonymous_sent"] == again["anonymous_sent"] == 0 and flooded["anonymous_sent"] > 0
     assert flooded["anonymous_429"] > 0, out.stdout
     assert "p99 ms" in out.stdout and "anon 429" in out.stdout
