@@ -10,7 +10,9 @@ model. The app (:class:`service.app.ServiceApp`) hands these two routes to
   their keys) is remembered by the parsed body's compact JSON text, so a body seen before -
   however it was laid out or padded - is neither validated nor keyed again. The memo holds at
   most ``AUTOTUNER_PARSE_MEMO_ENTRIES`` single bodies (:data:`BATCH_MEMO_MAX` batch bodies)
-  and ``AUTOTUNER_PARSE_MEMO_BYTES`` (estimated) each, the least recently used going first;
+  and ``AUTOTUNER_PARSE_MEMO_BYTES`` (estimated) each, the least recently used going first,
+  pickled (bytes the garbage collector does not traverse); a batch is parsed in a worker
+  thread, an anonymous one in the pacer's slices (:mod:`service.pacing`);
 - a new body's device and problems are validated by the same domain parsers the routes use
   (:mod:`service.field_types`, input limits included), and keyed once;
 - the answers come from the lookup engine with those keys, as the JSON cached with them,
