@@ -49,7 +49,7 @@ from service.fastpath import ASGI, BATCH, PATHS, _read, _replay
 from service.pacing import SCOPE_KEY, Pacer
 
 CLIENT_BYTES = 256  # an address's bucket in the table, roughly (the key, two floats, the entry)
-CONCURRENCY_RETRY_SECONDS = 1  # a batch takes milliseconds to about 2 s
+CONCURRENCY_RETRY_SECONDS = 1  # a slot frees when a batch ends: milliseconds, or seconds while paced
 
 
 @dataclass(frozen=True)
