@@ -43,4 +43,4 @@ if [ "$(id -u)" != "0" ]; then
 fi
 
 "$PY" -m ruff check autotuner db service tests bench
-exec "$PY" -m pytest "$@"
+exec "$PY" -m pytest -n 2 --dist loadgroup "$@"
