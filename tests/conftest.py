@@ -8,9 +8,7 @@ os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import itertools  # noqa: E402
-import json  # noqa: E402
 import shutil  # noqa: E402
-import statistics  # noqa: E402
 import uuid  # noqa: E402
 from collections.abc import Callable, Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -155,58 +153,3 @@ def db_url(backend: str, request: pytest.FixtureRequest, tmp_path: Path) -> Iter
     name = pg.create(template=pg.migrated_template())
     yield pg.url_for(name)
     pg.drop(name)
-
-
-
-# Each xdist group's seconds in a recorded run (`make test --record-group-seconds`, or
-# `scripts/test.sh --record-group-seconds`): `make test` starts the longest groups first, so that
-# no long module is left to run alone at the end. A group not recorded counts as the median.
-GROUP_SECONDS = Path(__file__).with_name("group_seconds.json")
-
-
-def pytest_addoption(parser: pytest.Parser) -> None:
-    parser.addoption("--record-group-seconds", action="store_true",
-                     help=f"write each test group's seconds to {GROUP_SECONDS.name} (the order make test runs them in)")
-
-
-def _group(nodeid: str, keywords: Any) -> str:
-    """A test's xdist group: its module, or `lab` for the multi-process lab tests."""
-    return "lab" if "lab" in keywords else nodeid.split("::")[0].split("@")[0]
-
-
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (`make test` runs two workers, `--dist loadgroup`): each module's tests
-    run in one worker, so a module's fixtures (one model build per module) are built once; the
-    `lab` tests, each a mesh of several JAX processes, all in one worker, one at a time, so that
-    two labs never share the cores with each other. The groups are ordered longest first
-    (`GROUP_SECONDS`), each group's tests in their own order."""
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    groups = {id(item): _group(item.nodeid, item.keywords) for item in items}
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(groups[id(item)]))
-    try:
-        seconds = {str(k): float(v) for k, v in json.loads(GROUP_SECONDS.read_text()).items()}
-    except (OSError, ValueError, AttributeError):
-        seconds = {}
-    default = statistics.median(seconds.values()) if seconds else 0.0
-    items.sort(key=lambda item: -seconds.get(groups[id(item)], default))   # stable: in-group order kept
-
-
-_recorded: dict[str, float] = {}
-
-
-def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    """Each phase's seconds, summed per group (under xdist the controller sees every worker's)."""
-    group = _group(report.nodeid, report.keywords)
-    _recorded[group] = _recorded.get(group, 0.0) + report.duration
-
-
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    if session.config.getoption("record_group_seconds") and not hasattr(session.config, "workerinput") and _recorded:
-        try:
-            kept = json.loads(GROUP_SECONDS.read_text())
-        except (OSError, ValueError):
-            kept = {}
-        kept.update((k, round(v, 1)) for k, v in _recorded.items())   # a partial run keeps the others
-        GROUP_SECONDS.write_text(json.dumps(dict(sorted(kept.items())), indent=1) + "\n")

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from autotuner.lab.spec import OWNED
 from autotuner.testing import netns_reason
 
 pytestmark = pytest.mark.lab
@@ -28,6 +29,13 @@ needs_netns = pytest.mark.skipif(bool(netns_reason()), reason=netns_reason() or 
 def _namespaces() -> set[str]:
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     return {line.split()[0] for line in out.splitlines() if line.strip()}
+
+
+def _left_behind(before: set[str]) -> set[str]:
+    """The lab namespaces made since `before` whose owner has exited: what a finished lab left
+    (another test's lab, running beside this one under pytest-xdist, is alive)."""
+    return {ns for ns in _namespaces() - before
+            if (m := OWNED.match(ns)) is not None and not Path(f"/proc/{m.group(1)}").exists()}
 
 
 def lab_run(args: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
@@ -94,7 +102,7 @@ def test_a_multihost_jax_script_runs_unchanged_on_the_lab() -> None:
         netns.add(int(m.group(1)))
     assert len(netns) == 1 and host not in netns  # both in the lab's one (shared) namespace
     assert all(ln.startswith(("[p0] ", "[p1] ")) for ln in r.stderr.splitlines() if ln.strip()), r.stderr
-    assert not {ns for ns in _namespaces() - before if ns.startswith("otl")}
+    assert not _left_behind(before)
 
 
 FAIL = """if True:
@@ -123,7 +131,7 @@ def test_a_failing_process_stops_the_others_and_the_lab() -> None:
     assert took < 30  # ... then SIGKILL, not its 600 s sleep
     assert re.search(r"process 1 \(pid \d+\) exited with code 3; stopped the other 1", r.stderr), r.stderr
     assert "Traceback" not in r.stderr
-    assert not {ns for ns in _namespaces() - before if ns.startswith("otl")}
+    assert not _left_behind(before)
 
 
 @pytest.mark.timeout(120)
