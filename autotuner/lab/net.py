@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from autotuner.lab.spec import OWNED, LabError, LabSpec
+from autotuner.lab.spec import LabError, LabSpec, owner_exited
 
 if TYPE_CHECKING:
     pass
@@ -44,18 +44,15 @@ def _delete_namespace(ns: str) -> None:
 
 def _reap_leftovers(netns: bool) -> None:
     """Remove what labs of dead (e.g. SIGKILLed) parents left: log dirs, namespaces, /etc/netns."""
-    def dead(name: str) -> bool:
-        return (m := OWNED.match(name)) is not None and not Path(f"/proc/{m.group(1)}").exists()
-
     tmp = tempfile.gettempdir()
-    for name in filter(dead, os.listdir(tmp)):
+    for name in filter(owner_exited, os.listdir(tmp)):
         shutil.rmtree(os.path.join(tmp, name), ignore_errors=True)
     if not netns:
         return
     names = {line.split()[0] for line in _run("ip", "netns", "list").splitlines() if line.strip()}
     with contextlib.suppress(OSError):
         names.update(os.listdir("/etc/netns"))
-    for ns in sorted(filter(dead, names)):
+    for ns in sorted(filter(owner_exited, names)):
         _delete_namespace(ns)
 
 

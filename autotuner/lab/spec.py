@@ -23,6 +23,13 @@ REPO_ROOT = str(Path(__file__).resolve().parents[2])  # what holds the autotuner
 COORDINATOR_PORT = 8476           # coordinator port inside a fresh namespace (nothing else listens there)
 LOG_TAIL = 15
 
+
+def owner_exited(name: str) -> bool:
+    """Whether `name` (a namespace, /etc/netns dir or temp dir) is a lab's whose owner has exited:
+    what a dead or finished lab left behind (a running lab's owner is alive)."""
+    return (m := OWNED.match(name)) is not None and not Path(f"/proc/{m.group(1)}").exists()
+
+
 # Pin each worker to one core, or leave placement to the scheduler? Measured here (2 cores,
 # lab:shared:2:2gbit, all-gather of a 1024x1024 f32 shard then a matmul with a 1024x768 shard, vs
 # a ppermute ring decomposition in 2 chunks; medians of 7-11 interleaved reps, ms, baseline/ring):

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from autotuner.lab.spec import OWNED
+from autotuner.lab.spec import owner_exited
 from autotuner.testing import netns_reason
 
 pytestmark = pytest.mark.lab
@@ -34,8 +34,7 @@ def _namespaces() -> set[str]:
 def _left_behind(before: set[str]) -> set[str]:
     """The lab namespaces made since `before` whose owner has exited: what a finished lab left
     (another test's lab, running beside this one under pytest-xdist, is alive)."""
-    return {ns for ns in _namespaces() - before
-            if (m := OWNED.match(ns)) is not None and not Path(f"/proc/{m.group(1)}").exists()}
+    return {ns for ns in _namespaces() - before if owner_exited(ns)}
 
 
 def lab_run(args: list[str], timeout: float = 120) -> subprocess.CompletedProcess:
