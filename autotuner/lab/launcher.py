@@ -107,6 +107,9 @@ class Lab:
         self._buf = b""
         self._seq = 0
         self._lock = threading.RLock()
+        self.starts = 0          # how many times the workers were started: a caller whose handler
+        #                          state lives in them sees a restart as this number changing
+        self.last_death = ""     # the worker death that tore the lab down between calls, if any
 
     @property
     def name(self) -> str:
@@ -137,6 +140,8 @@ class Lab:
         with self._lock:
             if self.running:
                 return
+            if self._procs:   # a worker died since the last call: it starts afresh, say why
+                self.last_death = self._dead() or self.last_death
             self._teardown()
             _install_hooks()
             _LIVE.add(self)
@@ -148,6 +153,7 @@ class Lab:
             except BaseException:
                 self._teardown()
                 raise
+            self.starts += 1
             self._log(f"lab {self.spec.label} n={self.spec.n} ready in {time.monotonic() - t0:.1f}s")
             threading.Thread(target=self._watch, args=(self._procs,), daemon=True).start()
 
@@ -158,15 +164,24 @@ class Lab:
             if self._procs is procs and self._dead() and self._lock.acquire(blocking=False):
                 try:
                     if self._procs is procs:
-                        self._log(f"lab {self.spec.label}: {self._dead()} while idle; torn down")
+                        self.last_death = self._dead()
+                        self._log(f"lab {self.spec.label}: {self.last_death} while idle; torn down")
                         self._teardown()
                 finally:
                     self._lock.release()
 
-    def call(self, request: dict, timeout: float) -> dict:
-        """Run the handler on every process; return process 0's result (or ``{"error": ...}``)."""
+    def call(self, request: dict, timeout: float, *, fresh: bool = True) -> dict:
+        """Run the handler on every process; return process 0's result (or ``{"error": ...}``).
+        A lab that is down or lost a worker since the last call starts afresh for it; with
+        ``fresh=False`` (a request that needs what earlier calls left in the workers) that is
+        a LabWorkerError instead, which names the death, and the next call starts afresh."""
         with self._lock:
+            starts = self.starts
             self.start()  # (re)starts the lab if it is down or a worker died
+            if not fresh and self.starts != starts and starts:
+                raise LabWorkerError(f"lab {self.spec.label} n={self.spec.n}: "
+                                     f"{self.last_death or 'a worker died'} between calls; the lab "
+                                     "started afresh, without what the earlier calls left in it")
             self._seq += 1
             assert self._procs[0].stdin is not None
             try:

@@ -100,18 +100,20 @@ class LabRunner:
         self.ok: list[int] = []
         self.parts = False
 
-    def _call(self, request: dict[str, Any], timeout: float) -> dict[str, Any]:
-        reply = self.lab.call(request, timeout)
+    def _call(self, request: dict[str, Any], timeout: float, *, fresh: bool = False) -> dict[str, Any]:
+        """Process 0's reply. Unless the request begins afresh (`fresh`), a lab that lost a worker
+        since the last call has lost the programs compiled in it: a LabWorkerError (`Lab.call`)."""
+        reply = self.lab.call(request, timeout, fresh=fresh)
         if "error" in reply:
             raise RuntimeError(reply["error"])
         return reply
 
     def device(self) -> Device:
-        return Device.from_dict(self._call({"op": "device"}, 120.0)["device"])
+        return Device.from_dict(self._call({"op": "device"}, 120.0, fresh=True)["device"])
 
     def _begin(self) -> None:
         assert self.problem is not None
-        self._call({"op": "begin", "problem": self.problem.to_dict()}, self.compile_timeout)
+        self._call({"op": "begin", "problem": self.problem.to_dict()}, self.compile_timeout, fresh=True)
 
     def _add(self, i: int) -> dict[str, Any]:
         return self._call({"op": "add", "index": i, "strategy": self.strategies[i].to_dict()},

@@ -123,7 +123,8 @@ class Leader:
         self.say = say or (lambda m: print(m, file=sys.stderr, flush=True))
         self.closed = False
 
-    def call(self, request: dict[str, Any], timeout: float | None = None) -> dict[str, Any]:
+    def call(self, request: dict[str, Any], timeout: float | None = None, *, fresh: bool = True) -> dict[str, Any]:
+        """(`fresh` as `Lab.call` has it; a job never starts afresh: a death stops it, `_Reply`.)"""
         from autotuner.lab.worker import lead_one
 
         self.seq += 1

@@ -62,7 +62,12 @@ class Opened:
                                 strategy=Strategy.from_dict(r["strategy_dict"])) for r in self.rows]
 
     def _lab(self, request: dict[str, Any], what: str) -> dict[str, Any]:
-        got = self.lab.call(request, LOAD_TIMEOUT_S)
+        from autotuner.lab import LabWorkerError
+
+        try:
+            got = self.lab.call(request, LOAD_TIMEOUT_S, fresh=False)   # the loaded step lives in the workers
+        except LabWorkerError as e:
+            fail(f"the lab failed: {e}")
         if "error" in got:
             fail(f"the lab could not {what}: {got['error']}")
         return dict(got)

@@ -141,7 +141,10 @@ def test_worker_killed_mid_call_restarts_fresh() -> None:
         while _namespaces(lab.name) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert_clean(lab.name, second)
-        check_echo(lab.call({}, timeout=60), lab.spec)
+        # a call that needs what earlier calls left in the workers is told, not served afresh
+        with pytest.raises(LabWorkerError, match=r"process 0 \(pid \d+\) was killed by SIGKILL between calls"):
+            lab.call({}, timeout=60, fresh=False)
+        check_echo(lab.call({}, timeout=60, fresh=False), lab.spec)   # the lab it started for that call
         third = lab.pids
     assert_clean(lab.name, third)
 
