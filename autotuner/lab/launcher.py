@@ -109,7 +109,7 @@ class Lab:
         self._lock = threading.RLock()
         self.starts = 0          # how many times the workers were started: a caller whose handler
         #                          state lives in them sees a restart as this number changing
-        self.last_death = ""     # the worker death that tore the lab down between calls, if any
+        self.last_death = ""     # why the workers were last torn down (a death, a timeout), if they were
 
     @property
     def name(self) -> str:
@@ -141,7 +141,7 @@ class Lab:
             if self.running:
                 return
             if self._procs:   # a worker died since the last call: it starts afresh, say why
-                self.last_death = self._dead() or self.last_death
+                self.last_death = f"{self._dead()} between calls"
             self._teardown()
             _install_hooks()
             _LIVE.add(self)
@@ -164,8 +164,8 @@ class Lab:
             if self._procs is procs and self._dead() and self._lock.acquire(blocking=False):
                 try:
                     if self._procs is procs:
-                        self.last_death = self._dead()
-                        self._log(f"lab {self.spec.label}: {self.last_death} while idle; torn down")
+                        self.last_death = f"{self._dead()} while idle"
+                        self._log(f"lab {self.spec.label}: {self.last_death}; torn down")
                         self._teardown()
                 finally:
                     self._lock.release()
@@ -179,9 +179,8 @@ class Lab:
             starts = self.starts
             self.start()  # (re)starts the lab if it is down or a worker died
             if not fresh and self.starts != starts and starts:
-                raise LabWorkerError(f"lab {self.spec.label} n={self.spec.n}: "
-                                     f"{self.last_death or 'a worker died'} between calls; the lab "
-                                     "started afresh, without what the earlier calls left in it")
+                raise LabWorkerError(f"lab {self.spec.label} n={self.spec.n}: {self.last_death or 'it was down'}; "
+                                     "it started afresh, without what the earlier calls left in it")
             self._seq += 1
             assert self._procs[0].stdin is not None
             try:
@@ -280,6 +279,7 @@ class Lab:
 
     def _fail(self, message: str) -> LabWorkerError:
         """Tear the lab down and build the error, with the end of each worker's log."""
+        self.last_death = message
         tails = []
         for i in range(len(self._procs)):
             with contextlib.suppress(OSError, TypeError):

@@ -142,7 +142,7 @@ def test_worker_killed_mid_call_restarts_fresh() -> None:
             time.sleep(0.1)
         assert_clean(lab.name, second)
         # a call that needs what earlier calls left in the workers is told, not served afresh
-        with pytest.raises(LabWorkerError, match=r"process 0 \(pid \d+\) was killed by SIGKILL between calls"):
+        with pytest.raises(LabWorkerError, match=r"process 0 \(pid \d+\) was killed by SIGKILL while idle; it started afresh"):
             lab.call({}, timeout=60, fresh=False)
         check_echo(lab.call({}, timeout=60, fresh=False), lab.spec)   # the lab it started for that call
         third = lab.pids
