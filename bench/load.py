@@ -37,8 +37,8 @@ which costs the machine little per request, so the figures are the server's; ``-
 uses httpx.AsyncClient with a bounded pool, a real Python client, whose own cost is the limit here:
 with httpx 0.29 on this 2-core machine it sent 562-670 lookups/s flat out while the server spent
 494-1043 us of CPU per lookup, and at 1000/s offered it fell behind (half the requests dropped,
-p99 2.0-2.1 s), where the raw client measured 5467-6516 lookups/s and p99 2.1-5.1 ms against the
-same server. Every request's status is checked; any non-200 is counted as an error.
+p99 2.0-2.1 s), where the raw client measured 4992-6516 lookups/s and p99 2.1-5.1 ms against the
+same server (docs/service.md). Every request's status is checked; any non-200 is counted as an error.
 The last column is the CPU time the server's processes spent per lookup during the phase
 (from /proc): what a lookup costs the server whatever else runs on the machine.
 """

@@ -44,7 +44,7 @@ fi
 
 "$PY" -m ruff check autotuner db service tests bench
 # pytest-xdist, three workers, tests handed out as workers free up (`--dist load`, xdist's default).
-# On this 2-core machine three workers took 14:50 (a quiet machine) and 18:12-20:12 (a busy one),
+# On this 2-core machine three workers took 13:29-14:50 (a quiet machine) and 18:12-20:12 (a busy one),
 # two 20:55-21:18, serial 31:18; each module kept in one worker (`--dist loadfile`) took 22:15.
 # Tests that share the machine's state (the lab's network namespaces, PostgreSQL databases, ports)
 # are written to run side by side.

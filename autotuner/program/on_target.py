@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+from autotuner.lab.spec import LabWorkerError
 from autotuner.program.console import fail, say
 
 LOAD_TIMEOUT_S = 1800.0   # a lab's answer to loading, timing or profiling a whole step
@@ -62,8 +63,6 @@ class Opened:
                                 strategy=Strategy.from_dict(r["strategy_dict"])) for r in self.rows]
 
     def _lab(self, request: dict[str, Any], what: str) -> dict[str, Any]:
-        from autotuner.lab import LabWorkerError
-
         try:
             got = self.lab.call(request, LOAD_TIMEOUT_S, fresh=False)   # the loaded step lives in the workers
         except LabWorkerError as e:
@@ -106,7 +105,6 @@ def open_program(tgt: Any, target: str, fkw: dict[str, Any], shape: dict[str, in
     for the target's device and the program's number of devices; `check(winners, device)` runs
     before the program is planned. The command fails, saying why, if the target, the program or
     the lab does."""
-    from autotuner.lab import LabWorkerError
     from autotuner.measure.targets import TargetError
     from autotuner.program.winners import make_client
 
