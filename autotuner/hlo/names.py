@@ -57,16 +57,24 @@ def _top_level(op_name: str) -> list[str]:
 _INDEX = re.compile(r"^(?:\d+|.*_\d+)$")  # a repeated block's scope: `transformer_layer_3`, `7`
 
 
+def _indices(path: Sequence[str]) -> list[bool]:
+    """Which scopes of `path` are a repeated block's index: a number, or a name ending in `_N`
+    above the innermost scope. The innermost scope is the layer that ran the dot, so a name of its
+    own there (keras-hub Gemma's `ffw_gating_2` beside `ffw_gating`) is kept; only a bare number
+    there is an index (penzai's positions)."""
+    return [c.isdigit() or (i < len(path) - 1 and bool(_INDEX.match(c))) for i, c in enumerate(path)]
+
+
 def short_name(op_name: str, depth: int = 2) -> str:
     """The one readable name of a pair, wherever it is shown (extract, plan, bench-model, the
     dashboard): the last `depth` scopes of the dot's name stack that are not a repeated block's
-    index (so every layer's `mlp/up_proj` has one name), `grad/` first for a backward dot; with no
+    index (`_indices`: so every layer's `mlp/up_proj` has one name), `grad/` first for a backward dot; with no
     named scope, the einsum's equation (`bsd,df->bsf`), else the last `depth` index scopes (a
     model that names its layers by position), else `dot`. Scopes the compiler pass adds
     (`__overlap...__`) are not part of it."""
     backward, path, eqs = op_path(op_name)
     path = [c for c in path if not c.startswith("__overlap")]
-    named = [c for c in path if not _INDEX.match(c)]
+    named = [c for c, index in zip(path, _indices(path), strict=True) if not index]
     name = "/".join(named[-depth:]) if named else eqs[-1] if eqs else "/".join(path[-depth:]) or "dot"
     return f"grad/{name}" if backward else name
 

@@ -13,6 +13,14 @@ from autotuner.hlo.names import problem_names, short_name
      "grad/self_attention/query"),
     ("jit(step)/jvp(llama_backbone)/transformer_layer_1/feedforward_gate_dense/dot_general",
      "llama_backbone/feedforward_gate_dense"),
+    # keras-hub Gemma: the layer that runs the dot is `ffw_gating_2`, a name of its own beside
+    # `ffw_gating`, not an index; `decoder_block_1` above it is one
+    ("jit(logits)/gemma_backbone/decoder_block_1/ffw_gating_2/btd,df->btf/dot_general",
+     "gemma_backbone/ffw_gating_2"),
+    ("jit(step)/transpose(jvp(gemma_backbone))/decoder_block_0/ffw_gating/btd,df->btf/dot_general",
+     "grad/gemma_backbone/ffw_gating"),
+    # Flax linen's automatic names: every scope is an index but the layer that runs the dot
+    ("jit(apply)/Encoder_0/MlpBlock_3/Dense_1/dot_general", "Dense_1"),
     # jax.named_scope("attention/qkv"): one scope holding a slash, wrapped whole by jvp/transpose
     ("jit(step)/transpose(jvp(attention/qkv))/bsd,dthk->bsthk/dot_general", "grad/attention/qkv"),
     ("jit(step)/jvp(mlp/up)/dot_general", "mlp/up"),
