@@ -14,6 +14,8 @@ def skip_kind(why: str) -> str:
         return "all-reduce used whole"
     if "is sharded over data in both operands" in why:
         return "contracting batch sharded over data"
+    if "is sharded over model in both operands" in why:
+        return "contracting dimension sharded over model"
     return why
 
 

@@ -16,8 +16,8 @@ out (data, model, None), i.e. batch over data and sequence over model between bl
 `layout="keras_hub"` uses keras-hub's own `LlamaBackbone.get_layout_map` instead (the layout its
 docs show; it also shards the hidden dimension of every kernel, over model or data).
 
-`forward` is the model's logits; `train_step` is Keras's own `train_step` (value_and_grad of the
-compiled loss, sparse categorical cross entropy, and an AdamW `stateless_apply`), as `model.fit` runs it.
+`forward` is the model's logits; `train_step` is Keras's own `train_step`, as `model.fit` runs it
+(tests/models/keras_steps.py, which the keras-hub factories share).
 """
 
 from __future__ import annotations
@@ -28,19 +28,12 @@ from typing import Any
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import keras  # noqa: E402
 import keras_hub  # noqa: E402
-from jax.sharding import Mesh, NamedSharding  # noqa: E402
-from jax.sharding import PartitionSpec as P  # noqa: E402
+from jax.sharding import Mesh  # noqa: E402
 
-from . import meshes  # noqa: E402
+from . import keras_steps, meshes  # noqa: E402
 from .meshes import data_model_mesh  # noqa: E402
-
-if keras.config.backend() != "jax":
-    raise ImportError(f"keras_hub_llama needs the Keras JAX backend, Keras runs {keras.config.backend()!r} "
-                      "(set KERAS_BACKEND=jax before importing keras)")
 
 
 def layout_map(device_mesh: Any, sp: bool, layout: str = "megatron") -> Any:
@@ -61,47 +54,25 @@ def layout_map(device_mesh: Any, sp: bool, layout: str = "megatron") -> Any:
 
 
 def build(mesh: Mesh, sp: bool, layout: str = "megatron", sz: meshes.Size = meshes.TINY) -> tuple[Any, Any]:
-    """(the compiled LlamaCausalLM, its ModelParallel distribution), variables placed on `mesh`.
-    The initial weights are seeded, so every process of a multi-process run builds the same model."""
-    keras.utils.set_random_seed(0)
-    device_mesh = keras.distribution.DeviceMesh(tuple(mesh.devices.shape), tuple(mesh.axis_names),
-                                                list(mesh.devices.flat))
-    dist = keras.distribution.ModelParallel(layout_map=layout_map(device_mesh, sp, layout),
+    """(the compiled LlamaCausalLM, its ModelParallel distribution), variables placed on `mesh`."""
+    dist = keras.distribution.ModelParallel(layout_map=layout_map(keras_steps.device_mesh(mesh), sp, layout),
                                             batch_dim_name="data")
-    with dist.scope():
+
+    def llama() -> Any:
         backbone = keras_hub.models.LlamaBackbone(
             vocabulary_size=sz.vocab, num_layers=sz.layers, num_query_heads=sz.heads,
             num_key_value_heads=sz.heads, hidden_dim=sz.hidden, intermediate_dim=sz.mlp,
             dtype="float32")
-        model = keras_hub.models.LlamaCausalLM(backbone=backbone, preprocessor=None)
-        model.compile(optimizer=keras.optimizers.AdamW(1e-3), sampler="greedy")
-        model.optimizer.build(model.trainable_variables)
-    return model, dist
+        return keras_hub.models.LlamaCausalLM(backbone=backbone, preprocessor=None)
 
-
-def _inputs(mesh: Mesh, sz: meshes.Size = meshes.TINY) -> tuple[dict[str, jax.Array], jax.Array, jax.Array]:
-    """(x, y, sample_weight): token ids and padding mask, next-token targets and their weights."""
-    ids = meshes.tokens(mesh, sz=sz)
-    data = NamedSharding(mesh, P("data", None))
-    y = jax.device_put(jnp.roll(ids, -1, axis=1), data)
-    w = jax.device_put(jnp.ones(ids.shape, jnp.int32).at[:, -1].set(0), data)
-    return {"token_ids": ids, "padding_mask": jax.device_put(jnp.ones(ids.shape, jnp.int32), data)}, y, w
+    return keras_steps.compiled(llama, dist), dist
 
 
 def forward(mesh: Mesh | None = None, sp: bool = False, layout: str = "megatron"
             ) -> tuple[Callable[..., Any], tuple[Any, ...]]:
     """(jitted logits(trainable, non_trainable, x), its arguments) on a 2x2 (data, model) mesh."""
     mesh = data_model_mesh(mesh)
-    model, dist = build(mesh, sp, layout)
-
-    def logits(trainable: list[jax.Array], non_trainable: list[jax.Array], x: dict[str, jax.Array]) -> jax.Array:
-        with dist.scope():   # the layer-output relayouts apply while tracing
-            out, _ = model.stateless_call(trainable, non_trainable, x)
-        return out
-
-    x, _, _ = _inputs(mesh)
-    return jax.jit(logits), ([v.value for v in model.trainable_variables],
-                             [v.value for v in model.non_trainable_variables], x)
+    return keras_steps.forward(*build(mesh, sp, layout), mesh)
 
 
 def train_step(mesh: Mesh | None = None, sp: bool = False, layout: str = "megatron",
@@ -110,16 +81,7 @@ def train_step(mesh: Mesh | None = None, sp: bool = False, layout: str = "megatr
     `size`: `meshes.Size`'s fields other than layers (hidden, heads, mlp, vocab, batch, seq)."""
     mesh = data_model_mesh(mesh)
     sz = meshes.size(layers=layers, **size)
-    model, dist = build(mesh, sp, layout, sz)
-
-    def step(state: Any, x: dict[str, jax.Array], y: jax.Array, w: jax.Array) -> Any:
-        with dist.scope():
-            return model.train_step(state, (x, y, w))
-
-    state = tuple([v.value for v in vs] for vs in (
-        model.trainable_variables, model.non_trainable_variables, model.optimizer.variables,
-        model.metrics_variables))
-    return jax.jit(step), (state, *_inputs(mesh, sz))
+    return keras_steps.train_step(*build(mesh, sp, layout, sz), mesh, sz)
 
 
 def forward_sp(mesh: Mesh | None = None, layout: str = "megatron") -> tuple[Callable[..., Any], tuple[Any, ...]]:

@@ -1,4 +1,5 @@
-"""Extraction on keras-hub's Llama (tests/models/keras_hub_llama.py): the pairs counted by hand.
+"""Extraction on keras-hub's Llama and Gemma (tests/models/keras_hub_llama.py, keras_hub_gemma.py):
+the pairs counted by hand.
 
 Counted from keras-hub 0.32.0 / Keras 3.15.1 (site-packages/...), L = 2 decoder layers
 (keras_hub/src/models/llama/llama_backbone.py:155). Per layer: query/key/value/attention_output
@@ -37,6 +38,40 @@ In the training step each gathered output gradient feeds one decomposable dot (a
 weight gradient): single problems. The input-gradient dots of Q/K/V (and gate/up) are summed into
 the residual gradient, but the partitioned HLO reduce-scatters each dot on its own (5 pairs per
 layer, each with its own collective), so there is no grouped reduce-scatter to extract.
+
+Gemma (keras_hub/src/models/gemma/, same versions, L = 2 `decoder_block_N`, gemma_backbone.py:156):
+per layer query/key/value `EinsumDense` `btd,ndh->btnh` and `bsd,kdh->bskh` (x2) (gemma_attention.py:292,
+:306, :308; kernels [heads, hidden, head_dim]), attention_output `btnh,nhd->btd` (:327), heads local
+(:310); the GeGLU MLP is two `EinsumDense` `btd,df->btf`, ffw_gating and ffw_gating_2, on the same
+normalized input, multiplied after a gelu, then ffw_linear (gemma_decoder_block.py:195-198);
+residual adds at :192 and :203; the LM head is the tied embedding's reverse (gemma_causal_lm.py:150).
+So under the same Megatron layout (kernels [heads, ...] sharded on heads, gating layers
+column-parallel, ffw_linear row-parallel) and the same sequence-parallel relayout of every block's
+output, every count above is Gemma's too: Q/K/V share one gather (3 pairs), ffw_gating and
+ffw_gating_2 another (2), attention_output and ffw_linear each reduce-scatter (1 + 1), and the
+backward mirrors Llama's.
+
+keras-hub's own Gemma layout (`GemmaBackbone.get_layout_map`, gemma_backbone.py:213) shards every
+kernel over both axes: query/key/value (model, data, None), attention_output (model, None, data),
+the gating kernels (data, model), ffw_linear (model, data), the embedding (model, data); the batch
+is over data and nothing is sequence parallel. Which operand GSPMD then moves depends on the sizes:
+at the tiny size a layer's input (2 x 32 x 256) is smaller than its kernels, so it moves
+activations, never a kernel. Per layer, in the partitioned HLO:
+- forward: query, key and value each contract the hidden dimension, which is sharded over data in
+  their kernels: each is reduce-scattered over data into the batch (3 problems); attention_output
+  contracts heads (over model in both operands) and gathers over data: two collectives on one dot
+  (a skipped pair); attention_output, ffw_gating, ffw_gating_2 and ffw_linear each all-reduce over
+  model, used whole (4), and so does the LM head once: 3L problems and L skipped pairs, 4L + 1
+  all-reduces used whole.
+- the training step: there the LM head's forward dot is reduce-scattered over data instead, and
+  the step adds one of its backward dots fed by a gather over data into its contraction (1 + 1 problems; the other gathers
+  over data and contracts over model too: skipped, its all-reduce used whole); per layer,
+  attention_output's two backward dots, one reduce-scattered over data and one fed by a gather over
+  data into its contraction (2); of query's, key's and value's two backward dots each, one is fed by
+  a gather over data into its contraction (3 problems), the other gathers over data and contracts
+  over model too (3 skipped, their all-reduces used whole), and the backward dots of ffw_gating,
+  ffw_gating_2 and ffw_linear all-reduce, used whole (3): 8L + 2 problems, 4L + 1 skipped pairs,
+  10L + 1 all-reduces used whole.
 """
 
 from __future__ import annotations
@@ -52,7 +87,7 @@ pytest.importorskip("keras_hub", reason="install requirements-models.lock (`make
 
 from autotuner.hlo import extract_report  # noqa: E402
 
-from . import keras_hub_llama, meshes  # noqa: E402
+from . import keras_hub_gemma, keras_hub_llama, meshes  # noqa: E402
 from .counts import problem_dims, sequence_collectives, summary  # noqa: E402
 from .meshes import LAYERS as L  # noqa: E402
 
@@ -61,6 +96,8 @@ pytestmark = pytest.mark.slow
 AG, RS = "all_gather:lhs:free", "reduce_scatter:free_lhs"
 QKV, GATE_UP = "all_gather_group3:free", "all_gather_group2:free"   # one gather feeding 3 / 2 dots
 WHOLE, DATA = "all-reduce used whole", "contracting batch sharded over data"
+MODEL = "contracting dimension sharded over model"
+AG_IN = {"lhs": "all_gather:lhs:contracting", "rhs": "all_gather:rhs:contracting"}   # gathered into the contraction
 
 EXPECTED = {
     "forward": {"pairs": 0, "occurrences": 0, "distinct": 0, "patterns": {}, "skipped": {WHOLE: 2 * L}},
@@ -79,24 +116,41 @@ EXPECTED = {
                       "skipped": {DATA: 7 * L, WHOLE: 7 * L + 1}},
 }
 
+# Gemma: the Megatron layout gives Llama's counts; keras-hub's own layout (see above) moves
+# activations over data only.
+GEMMA = EXPECTED | {
+    "forward_keras_hub": {"pairs": 4 * L, "occurrences": 3 * L, "distinct": 1, "patterns": {RS: 3 * L},
+                          "skipped": {WHOLE: 4 * L + 1, MODEL: L}},
+    "train_step_keras_hub": {"pairs": 12 * L + 3, "occurrences": 8 * L + 2, "distinct": 6,
+                             "patterns": {AG_IN["lhs"]: 3 * L + 1, AG_IN["rhs"]: L, RS: 4 * L + 1},
+                             "skipped": {WHOLE: 10 * L + 1, MODEL: 4 * L + 1}},
+}
+MODELS = {"keras_hub_llama": (keras_hub_llama, EXPECTED), "keras_hub_gemma": (keras_hub_gemma, GEMMA)}
 
-@pytest.mark.parametrize("factory", list(EXPECTED))
-def test_extraction_finds_the_hand_counted_pairs(factory: str) -> None:
-    fn, args = getattr(keras_hub_llama, factory)()
+
+@pytest.mark.parametrize(("model", "factory"), [(m, f) for m, (_, want) in MODELS.items() for f in want])
+def test_extraction_finds_the_hand_counted_pairs(model: str, factory: str) -> None:
+    module, expected = MODELS[model]
+    fn, args = getattr(module, factory)()
     report = extract_report(fn, *args)
     assert report.mesh == {"data": 2, "model": 2}
-    assert summary(report) == EXPECTED[factory]
-    assert sequence_collectives(report) == []
+    assert summary(report) == expected[factory]
+    if factory.endswith("_keras_hub"):   # nothing sequence parallel: every problem moves over data
+        assert {p.pattern.axis for p, _ in report.problems} == {"data"}
+    else:
+        assert sequence_collectives(report) == []
 
 
-def test_the_factories_run() -> None:
+@pytest.mark.parametrize("model", list(MODELS))
+def test_the_factories_run(model: str) -> None:
     """The programs extraction reads are real: finite logits, and Keras's train_step lowers the loss."""
     import jax.numpy as jnp
 
-    fn, args = keras_hub_llama.forward_sp()
+    module, _ = MODELS[model]
+    fn, args = module.forward_sp()
     logits = fn(*args)
     assert logits.shape == (2, 32, 128) and bool(jnp.isfinite(logits).all())
-    step, (state, x, y, w) = keras_hub_llama.train_step_sp()
+    step, (state, x, y, w) = module.train_step_sp()
     losses = []
     for _ in range(3):
         logs, state = step(state, x, y, w)

@@ -1,5 +1,6 @@
-"""The compiler pass `autotuner.overlap` on the real models of the test extra (keras-hub's and
-penzai's Llama, tests/models), sequence parallel on the 2x2 (data, model) Auto mesh.
+"""The compiler pass `autotuner.overlap` on the real models of the test extra (keras-hub's Llama and
+Gemma, penzai's Llama, tests/models), sequence parallel on the 2x2 (data, model) Auto mesh, and
+keras-hub's Gemma under keras-hub's own layout (every kernel sharded over both axes).
 
 For the forward pass and the whole training step (value_and_grad + optimizer update) of both
 models, three forced choices per pair: the baseline (exactly plain jit), the first ring of each
@@ -35,13 +36,14 @@ os.environ.setdefault("KERAS_BACKEND", "jax")   # before keras is first imported
 
 pytestmark = pytest.mark.slow
 
-NEEDS = {"keras_hub_llama": ("keras_hub",), "penzai_llama": ("penzai", "optax")}
+NEEDS = {"keras_hub_llama": ("keras_hub",), "keras_hub_gemma": ("keras_hub",), "penzai_llama": ("penzai", "optax")}
+MODELS = list(NEEDS)
 
 
 def factory(model: str, name: str) -> tuple[Callable[..., Any], tuple[Any, ...]]:
     for pkg in NEEDS[model]:
         pytest.importorskip(pkg, reason="install requirements-models.lock (`make test` does)")
-    if model == "keras_hub_llama" and os.environ["KERAS_BACKEND"] != "jax":
+    if model.startswith("keras_hub") and os.environ["KERAS_BACKEND"] != "jax":
         pytest.skip("the keras-hub model needs KERAS_BACKEND=jax")
     if jax.device_count() < 4:
         pytest.skip(f"needs 4 devices, have {jax.device_count()}")
@@ -151,19 +153,19 @@ def check_memory(fn: Callable[..., Any], args: tuple[Any, ...], want: Any) -> No
     assert_close(ov(*args), want)
 
 
-@pytest.mark.parametrize("model", ["keras_hub_llama", "penzai_llama"])
+@pytest.mark.parametrize("model", MODELS)
 def test_forward_sp_forced_strategies(model: str) -> None:
     check_model(model, "forward_sp", extract_each=True)
 
 
-@pytest.mark.parametrize("model", ["keras_hub_llama", "penzai_llama"])
+@pytest.mark.parametrize("model", MODELS)
 def test_train_step_sp_forced_strategies(model: str) -> None:
     """The backward pairs (input gradients) are decomposed too; the weight gradients' gathers are
     not Problems (they also contract the data-sharded batch) and stay."""
     check_model(model, "train_step_sp", extract_each=False)
 
 
-@pytest.mark.parametrize("model", ["keras_hub_llama", "penzai_llama"])
+@pytest.mark.parametrize("model", MODELS)
 def test_auto_applies_tuned_winners_of_grouped_and_single_problems(model: str, tmp_path: Any) -> None:
     """A snapshot with a confident ring winner for every problem extraction finds on the forward
     pass (grouped Q/K/V and gate/up, single attention-out and MLP-down): every pair runs it."""
@@ -192,3 +194,23 @@ def test_auto_applies_tuned_winners_of_grouped_and_single_problems(model: str, t
         assert extract_report(ov, *args).problems == []
     finally:
         DECISIONS.clear()
+
+
+@pytest.mark.parametrize("name", ["forward_keras_hub", "train_step_keras_hub"])
+def test_gemma_under_keras_hubs_own_layout(name: str) -> None:
+    """keras-hub's own Gemma layout shards every kernel over data and model; GSPMD then moves
+    activations over data, reduce-scattered out of a dot or gathered into its contraction
+    (tests/models/test_keras_hub.py counts them). Both forced rings decompose every mapped pair,
+    equal plain jit, and leave no decomposable pair; the pairs that also need an all-reduce over
+    model keep their gathers."""
+    fn, args = factory("keras_hub_gemma", name)
+    want = fn(*args)
+    occurrences = sum(c for _, c in extract(fn, *args))
+    for chooser in (first_ring, last_ring):
+        ov = overlap(fn, strategy=chooser, memory=None)
+        plan = ov.plan(*args)
+        applied = [r for r in plan if r.applied]
+        assert applied == [r for r in plan if r.problem is not None and r.source != "unmapped"], "\n" + str(plan)
+        assert sum(r.count for r in applied) == occurrences and {r.source for r in applied} == {"callable"}
+        assert_close(ov(*args), want)
+        assert extract_report(ov, *args).problems == []
