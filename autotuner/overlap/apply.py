@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from jax._src import source_info_util as siu
 from jax.extend import core as jcore
 from jax.sharding import AxisType, NamedSharding
@@ -111,6 +112,26 @@ class Action:
     tags: tuple[str, ...] = ()
     keep: bool = False     # the gathered value has other users: the ring also yields it for them
     strict: bool = False   # keep or nothing (auto): if no other user can take it, the dot stays plain
+    swapped: bool = False  # a single Problem whose dot reads its operands in the other order
+    #                        (XLA:TPU's HLO swaps some): they are exchanged, the result transposed back
+
+
+def _operand_index(m: Problem, swapped: bool) -> int:
+    """The traced dot's operand position of the Problem's gathered (all-gather) or lhs operand."""
+    return (0 if m.pattern.operand == "lhs" else 1) ^ int(swapped)
+
+
+def traced_order(out: Any, problem: Problem, swapped: bool) -> Any:
+    """A decomposition's result (in the Problem's output order) in the traced dot's order: for a
+    swapped dot, batch dimensions, then the traced lhs's free ones (the Problem's rhs's), then
+    the traced rhs's (the Problem's lhs's)."""
+    if not swapped:
+        return out
+    eq = problem.eq
+    batch = [c for c in eq.out if c in eq.lhs and c in eq.rhs]
+    lfree = [c for c in eq.out if c in eq.lhs and c not in eq.rhs]
+    rfree = [c for c in eq.out if c in eq.rhs and c not in eq.lhs]
+    return jnp.transpose(out, [eq.out.index(c) for c in batch + rfree + lfree])
 
 
 @dataclass
@@ -304,11 +325,12 @@ class Interpreter:
                 out = self._pending.pop(tag)
             else:
                 member = problem
-                lhs = read(self._pick(eqn.invars[0], problem.lhs.spec, producer))
-                rhs = read(self._pick(eqn.invars[1], problem.rhs.spec, producer))
+                i = int(act.swapped)   # the traced position of the Problem's lhs
+                lhs = read(self._pick(eqn.invars[i], problem.lhs.spec, producer))
+                rhs = read(self._pick(eqn.invars[1 - i], problem.rhs.spec, producer))
                 fn = self._ring(build, problem, strategy)
                 with siu.set_name_stack(name_stack.extend(f"overlap[{strategy.key}]")):
-                    out = fn(lhs, rhs)
+                    out = traced_order(fn(lhs, rhs), problem, act.swapped)
             self._bind(eqn.outvars[0], out, member, env, consumers, skip)
         except Exception as e:  # noqa: BLE001 - this dot stays plain; plan() says why
             why = f"the decomposition could not be applied: {type(e).__name__}: {str(e)[:200]}"
@@ -346,7 +368,7 @@ class Interpreter:
         if idx is None:
             raise ValueError(f"the dots of the group are not all in one jaxpr ({', '.join(tags)})")
         eqns = [jaxpr.eqns[i] for i in idx]
-        xs, ws = map(list, zip(*(self._operands(m, e, producer) for m, e in zip(members, eqns, strict=True)),
+        xs, ws = map(list, zip(*(self._operands(m, e, producer, act.swapped) for m, e in zip(members, eqns, strict=True)),
                                strict=True))
         if any(x is not xs[0] for x in xs):
             raise ValueError("the dots of the group do not read one gathered value")
@@ -364,6 +386,7 @@ class Interpreter:
         with siu.set_name_stack(name_stack.extend(f"overlap[{act.strategy.key}]")):
             if users:
                 *outs, gathered = self._ring(build_keeping, act.problem, act.strategy)(read(xs[0]), *map(read, ws))
+                outs = [traced_order(o, m, act.swapped) for o, m in zip(outs, members, strict=True)]
                 for e, j in users:
                     self._subst.setdefault(id(e), {})[j] = gathered
                 self.kept[tags[0]] = len(users)
@@ -373,7 +396,8 @@ class Interpreter:
                 outs = list(self._ring(build, act.problem, act.strategy)(read(xs[0]), *map(read, ws)))
             else:
                 lhs, rhs = (xs[0], ws[0]) if members[0].pattern.operand == "lhs" else (ws[0], xs[0])
-                outs = [self._ring(build, act.problem, act.strategy)(read(lhs), read(rhs))]
+                outs = [traced_order(self._ring(build, act.problem, act.strategy)(read(lhs), read(rhs)),
+                                     members[0], act.swapped)]
         self._pending.update(zip(tags, outs, strict=True))
 
     def _early(self, jaxpr: Any, path: tuple[int, ...], producer: dict[Any, Any],
@@ -396,7 +420,7 @@ class Interpreter:
             if idx is None or jaxpr.eqns[idx[0]].primitive.name != "dot_general":
                 continue
             m0 = _members(act)[0]
-            x, _ = self._operands(m0, jaxpr.eqns[idx[0]], producer)
+            x, _ = self._operands(m0, jaxpr.eqns[idx[0]], producer, act.swapped)
             members = {id(jaxpr.eqns[i]) for i in idx}
             users = self._gather_users(x, comm_out_spec(m0), members, -1, jaxpr, consumers, path)
             first = min((pos[id(e)] for e, _ in users), default=len(jaxpr.eqns))
@@ -411,10 +435,10 @@ class Interpreter:
             pos = self._pos[id(jaxpr)] = {id(e): i for i, e in enumerate(jaxpr.eqns)}
         return pos
 
-    def _operands(self, m: Problem, eqn: Any, producer: dict[Any, Any]) -> tuple[Any, Any]:
+    def _operands(self, m: Problem, eqn: Any, producer: dict[Any, Any], swapped: bool = False) -> tuple[Any, Any]:
         """(gathered operand, weight) vars of an all-gather member's dot, before their relayouts."""
-        i = 0 if m.pattern.operand == "lhs" else 1
-        x_op, w_op = (m.lhs, m.rhs) if i == 0 else (m.rhs, m.lhs)
+        i = _operand_index(m, swapped)
+        x_op, w_op = (m.lhs, m.rhs) if m.pattern.operand == "lhs" else (m.rhs, m.lhs)
         return (self._pick(eqn.invars[i], x_op.spec, producer),
                 self._pick(eqn.invars[1 - i], w_op.spec, producer))
 

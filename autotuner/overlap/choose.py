@@ -174,7 +174,8 @@ def choose(mode: str, chosen: Any, client: Any, sites: list[Site | None], rows: 
                 owner[site.collective] = (unit, row.name)
         s, source, speedup, note, keep, answer = made[unit]
         if applies(s, leave):
-            actions[site.tag] = Action(site.unit, s, site.tags, keep=keep, strict=keep and mode == "auto")
+            actions[site.tag] = Action(site.unit, s, site.tags, keep=keep, strict=keep and mode == "auto",
+                                        swapped=site.swapped)
         if row.note and note:
             note = f"{row.note}; {note}"
         out.append(replace(row, strategy=s, source=source, speedup=speedup, note=note or row.note,

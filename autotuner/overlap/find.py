@@ -47,6 +47,7 @@ class Site:
     group: GroupedProblem | None = None
     tags: tuple[str, ...] = ()          # the group's dots, in member order
     infos: tuple[DotInfo, ...] = ()
+    swapped: bool = False   # the traced dot reads the Problem's operands in the other order
 
     @property
     def unit(self) -> Problem | GroupedProblem:
@@ -157,6 +158,23 @@ def mismatch(info: DotInfo, p: Problem) -> str | None:
     return None
 
 
+def swapped_view(info: DotInfo) -> DotInfo:
+    """The traced dot with its operands swapped, its output in that dot's order (batch, then the
+    new lhs's free dimensions, then the new rhs's): XLA:TPU reorders the operands of some backward
+    dots before its partitioner, so the Problem read from its HLO is this view of the traced dot."""
+    (lc, rc), (lb, rb) = info.dims
+    nb, nlf = len(lb), len(info.lhs_shape) - len(lc) - len(lb)
+    o = info.out_shape
+    return replace(info, lhs_shape=info.rhs_shape, rhs_shape=info.lhs_shape,
+                   out_shape=o[:nb] + o[nb + nlf:] + o[nb:nb + nlf],
+                   dtypes=(info.dtypes[1], info.dtypes[0], info.dtypes[2]), dims=((rc, lc), (rb, lb)))
+
+
+def _auto_layouts(info: DotInfo) -> bool:
+    """Whether no operand or result of the traced dot carries an explicit layout."""
+    return info.out_spec is None and all(s is None for s in (*info.lhs_chain, *info.rhs_chain, *info.out_relayouts))
+
+
 def _row(name: str, where: str, form: str, problem: Problem | None, source: str, count: int,
          note: str) -> PlanRow:
     return PlanRow(name, where, form, problem, Strategy.baseline(), source, None, count, note)
@@ -206,7 +224,9 @@ def find_sites(pre_text: str, post_text: str, parts: int, tagger: Interpreter, m
         dot = tagger.infos.get(tag) if tag else None
         name = short_name(op)
         where = dot.where if dot else ""
-        why = why or _unmapped(dot, tag, problem, mapped_tags)
+        swapped = False
+        if why is None:
+            why, swapped = _unmapped(dot, tag, problem, mapped_tags)
         if why is not None:
             sites.append(None)
             rows.append(_row(name, where, pair.form, problem, "unmapped", n, why))
@@ -214,21 +234,28 @@ def find_sites(pre_text: str, post_text: str, parts: int, tagger: Interpreter, m
         assert problem is not None and dot is not None and tag is not None
         mapped_tags.add(tag)
         sites.append(Site(tag, problem, dot, other_users(post, pair),
-                          pair.collective.name if pair.kind == "all_gather" else ""))
+                          pair.collective.name if pair.kind == "all_gather" else "", swapped=swapped))
         rows.append(_row(name, where, pair.form, problem, "", n, ""))
         pairs.append((pair, len(sites) - 1))
     sites, rows = _grouped(sites, rows, pairs)
     return Found(sites, rows, notes)
 
 
-def _unmapped(dot: DotInfo | None, tag: str | None, problem: Problem | None, mapped: set[str]) -> str | None:
-    """Why a pair whose HLO maps to `problem` still cannot be decomposed, or None."""
+def _unmapped(dot: DotInfo | None, tag: str | None, problem: Problem | None, mapped: set[str]
+              ) -> tuple[str | None, bool]:
+    """(why a pair whose HLO maps to `problem` still cannot be decomposed, or None; whether the
+    traced dot reads the Problem's operands swapped). A swapped dot is decomposed as the Problem
+    with its operands exchanged and its result transposed back (`apply`), with Auto layouts only:
+    an explicit layout would have to be permuted too."""
     if dot is None:
-        return "no traced dot_general carries this dot's name (it was not rebuilt by the pass)"
+        return "no traced dot_general carries this dot's name (it was not rebuilt by the pass)", False
     if tag in mapped:
-        return "the same dot as another pair (one decomposition per dot)"
+        return "the same dot as another pair (one decomposition per dot)", False
     assert problem is not None
-    return mismatch(dot, problem)
+    why = mismatch(dot, problem)
+    if why is not None and _auto_layouts(dot) and mismatch(swapped_view(dot), problem) is None:
+        return None, True
+    return why, False
 
 
 def _grouped(sites: list[Site | None], rows: list[PlanRow], pairs: list[tuple[Pair, int]]
@@ -243,6 +270,13 @@ def _grouped(sites: list[Site | None], rows: list[PlanRow], pairs: list[tuple[Pa
         idx = [by_pair[id(q)] for q in unit_pairs]
         members = [sites[i] for i in idx]
         assert all(m is not None for m in members)
+        if any(m.swapped for m in members):  # type: ignore[union-attr]
+            for j, i in enumerate(idx):
+                sites[i] = None
+                rows[i] = replace(rows[i], problem=unit, member=j, source="unmapped",
+                                  note="a dot of a grouped all-gather whose operands XLA's HLO swaps "
+                                       "(a group is decomposed with its dots' operands in order)")
+            continue
         tags = tuple(m.tag for m in members)  # type: ignore[union-attr]
         infos = tuple(m.info for m in members)  # type: ignore[union-attr]
         for j, i in enumerate(idx):
@@ -254,7 +288,7 @@ def _grouped(sites: list[Site | None], rows: list[PlanRow], pairs: list[tuple[Pa
 
 # -- kept beside the partitioned texts ----------------------------------------------------------------
 
-FOUND_FORMAT = 1
+FOUND_FORMAT = 2   # 2: a site says whether its dot's operands are swapped
 _FINDER = ("autotuner.overlap.find", "autotuner.hlo.text", "autotuner.hlo.pairs", "autotuner.hlo.problems",
            "autotuner.hlo.group_pairs", "autotuner.hlo.evaluate", "autotuner.hlo.shardings", "autotuner.hlo.names")
 
@@ -308,7 +342,8 @@ def _store_found(path: str, found: Found, added: list[str]) -> None:
     unit = lambda p: None if p is None else p.to_dict()  # noqa: E731
     doc = {"added": added, "notes": found.notes,
            "sites": [None if s is None else {"tag": s.tag, "problem": s.problem.to_dict(), "other_users": s.other_users,
-                                             "collective": s.collective, "group": unit(s.group), "tags": list(s.tags)}
+                                             "collective": s.collective, "group": unit(s.group), "tags": list(s.tags),
+                                             "swapped": s.swapped}
                      for s in found.sites],
            "rows": [{"name": r.name, "where": r.where, "form": r.form, "problem": unit(r.problem), "source": r.source,
                      "count": r.count, "note": r.note, "member": r.member} for r in found.rows]}
@@ -330,7 +365,8 @@ def _load_found(path: str, tagger: Interpreter) -> tuple[Found, list[str]] | Non
                 continue
             tags = tuple(d["tags"])
             sites.append(Site(d["tag"], Problem.from_dict(d["problem"]), infos[d["tag"]], int(d["other_users"]),
-                              str(d["collective"]), unit(d["group"]), tags, tuple(infos[t] for t in tags)))
+                              str(d["collective"]), unit(d["group"]), tags, tuple(infos[t] for t in tags),
+                              bool(d["swapped"])))
         rows = [PlanRow(str(d["name"]), str(d["where"]), str(d["form"]), unit(d["problem"]), Strategy.baseline(),
                         str(d["source"]), None, int(d["count"]), str(d["note"]), d["member"]) for d in doc["rows"]]
         return Found(sites, rows, [str(n) for n in doc["notes"]]), [str(a) for a in doc["added"]]
