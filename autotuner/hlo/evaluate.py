@@ -158,11 +158,31 @@ def multiplicity(mod: HloModule) -> dict[str, int]:
     return {c: mult(c) for c in mod.computations}
 
 
+_CALLEES = ("to_apply", "calls", "branch_computations", "true_computation", "false_computation", "body", "condition")
+# What XLA's Shardy export names a shard_map body it has not inlined yet (XLA:TPU keeps them as
+# calls through its partitioner: `xla.sdy.inlinable_manual_computation_body.N`, `..._spmd` after it)
+_MANUAL_BODY = "inlinable_manual_computation_body"
+
+
 def manual_computations(mod: HloModule) -> set[str]:
-    """Computations whose dots run on manually partitioned (shard_map) values."""
-    out = set()
+    """Computations whose dots run on manually partitioned (shard_map) values: those holding a
+    shard_map's entry (`SPMDFullToShardShape`), the shard_map bodies XLA calls rather than inlines
+    (a call laid out manual, or to a body so named), and every computation they call."""
+    out, todo = set(), []
     for n in mod.order:
         ins = mod.instrs[n]
         if ins.opcode == "custom-call" and "SPMDFullToShardShape" in ins.attrs.get("custom_call_target", ""):
             out.add(ins.computation)
+        elif ins.opcode == "call":
+            callee = ins.attrs.get("to_apply", "").lstrip("%")
+            if _MANUAL_BODY in callee or ins.attrs.get("sharding", "").strip("{}") == "manual":
+                todo.append(callee)
+    while todo:
+        c = todo.pop()
+        if c in out or c not in mod.computations:
+            continue
+        out.add(c)
+        for n in mod.computations[c]:
+            for key in _CALLEES:
+                todo.extend(re.findall(r"%?([\w.\-]+)", mod.instrs[n].attrs.get(key, "")))
     return out

@@ -430,3 +430,58 @@ def test_cli_lists_skipped_pairs_with_reasons_by_default(tmp_path, mesh4):
     quiet = CliRunner().invoke(_app(), [*base, "-q"])
     assert quiet.exit_code == 0, quiet.output
     assert "1 pair(s) skipped" in quiet.output and "all-reduce" not in quiet.output, quiet.output
+
+
+# XLA:TPU's module around its partitioner keeps a shard_map's body as a called computation
+# (Shardy's export names it), laid out manual before the partitioner and `_spmd` after it; its
+# dots are inside shard_map as much as those of an inlined body next to SPMDFullToShardShape.
+_CALLED_BODY = """HloModule m, num_partitions=2
+
+%xla.sdy.inlinable_manual_computation_body.3 (a: f32[4,8], b: f32[8,2]) -> f32[4,2] {
+  %a = f32[4,8]{1,0} parameter(0)
+  %b = f32[8,2]{1,0} parameter(1)
+  ROOT %dot.1 = f32[4,2]{1,0} dot(%a, %b), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+%body_spmd_inner (c: f32[4,2]) -> f32[4,2] {
+  ROOT %c = f32[4,2]{1,0} parameter(0)
+}
+
+%xla.sdy.inlinable_manual_computation_body.3_spmd (a: f32[4,8], b: f32[8,2]) -> f32[4,2] {
+  %a = f32[4,8]{1,0} parameter(0)
+  %b = f32[8,2]{1,0} parameter(1)
+  %dot.2 = f32[4,2]{1,0} dot(%a, %b), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+  ROOT %inner = f32[4,2]{1,0} call(%dot.2), to_apply=%body_spmd_inner
+}
+
+%manual_by_layout (a: f32[4,8], b: f32[8,2]) -> f32[4,2] {
+  %a = f32[4,8]{1,0} parameter(0)
+  %b = f32[8,2]{1,0} parameter(1)
+  ROOT %dot.3 = f32[4,2]{1,0} dot(%a, %b), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+%plain_callee (a: f32[4,8], b: f32[8,2]) -> f32[4,2] {
+  %a = f32[4,8]{1,0} parameter(0)
+  %b = f32[8,2]{1,0} parameter(1)
+  ROOT %dot.4 = f32[4,2]{1,0} dot(%a, %b), lhs_contracting_dims={1}, rhs_contracting_dims={0}
+}
+
+ENTRY %main (x: f32[4,8], w: f32[8,2]) -> f32[4,2] {
+  %x = f32[4,8]{1,0} parameter(0)
+  %w = f32[8,2]{1,0} parameter(1)
+  %s1 = f32[4,2]{1,0} call(%x, %w), to_apply=%xla.sdy.inlinable_manual_computation_body.3
+  %s2 = f32[4,2]{1,0} call(%x, %w), to_apply=%xla.sdy.inlinable_manual_computation_body.3_spmd
+  %s3 = f32[4,2]{1,0} call(%x, %w), to_apply=%manual_by_layout, sharding={manual}
+  %s4 = f32[4,2]{1,0} call(%x, %w), to_apply=%plain_callee
+  ROOT %t = (f32[4,2], f32[4,2], f32[4,2], f32[4,2]) tuple(%s1, %s2, %s3, %s4)
+}
+"""
+
+
+def test_shard_map_bodies_xla_calls_rather_than_inlines_are_manual() -> None:
+    from autotuner.hlo.evaluate import manual_computations
+    from autotuner.hlo.text import parse_hlo
+
+    got = manual_computations(parse_hlo(_CALLED_BODY))
+    assert got == {"xla.sdy.inlinable_manual_computation_body.3", "xla.sdy.inlinable_manual_computation_body.3_spmd",
+                   "body_spmd_inner", "manual_by_layout"}
