@@ -112,3 +112,20 @@ def test_with_explicit_layouts_a_swapped_dot_stays_plain_and_says_why(as_tpu_rea
     assert as_tpu_reads and [r.applied for r in plan] == [False], "\n" + str(plan)
     assert list(plan)[0].source == "unmapped" and "operand shapes differ" in list(plan)[0].note
     assert relative_error(overlap(fn, strategy=lambda p: space(p)[1])(x, w), fn(x, w)) == 0.0
+
+
+@pytest.mark.parametrize("shape", [(4,), (2, 2)])
+def test_a_training_step_whose_every_dot_the_hlo_swaps_equals_plain_jit(shape: tuple[int, ...], as_tpu_reads: list) -> None:
+    """The built-in example's training step on an Auto mesh (1-D model, 2-D data x model), every
+    pair swapped: forward and backward dots are decomposed, rings that keep their gathered value
+    for the weight gradients included (the other users take it as it is, in its own order)."""
+    from .test_overlap import assert_close, program
+
+    _, step, args = program("auto", shape)
+    want = jax.jit(step)(*args)
+    ov = overlap(step, strategy=lambda p: space(p)[1], memory=None)
+    plan = ov.plan(*args)
+    assert as_tpu_reads and sum(r.applied for r in plan) >= 11, "\n" + str(plan)
+    assert any("keeps the gathered value" in (r.note or "") for r in plan if r.applied), "\n" + str(plan)
+    assert not any(r.source == "unmapped" for r in plan if r.problem is not None), "\n" + str(plan)
+    assert_close(ov(*args), want, "float32")
