@@ -130,6 +130,14 @@ def _trip_count(mod: HloModule, w: Instr) -> int | None:
     return max(0, -(-(n - k0) // inc))
 
 
+_CALLS = ("to_apply", "calls", "branch_computations", "true_computation", "false_computation")
+
+
+def _callees(ins: Instr, keys: tuple[str, ...] = _CALLS) -> list[str]:
+    """The computations instruction `ins` calls under the attributes `keys`."""
+    return [c for key in keys for c in re.findall(r"%?([\w.\-]+)", ins.attrs.get(key, ""))]
+
+
 def multiplicity(mod: HloModule) -> dict[str, int]:
     """Computation -> how many times it runs per program call (loop bodies times their trips)."""
     callers: dict[str, list[tuple[str, int]]] = {}
@@ -142,9 +150,8 @@ def multiplicity(mod: HloModule) -> dict[str, int]:
             callers.setdefault(ins.attrs.get("body", "").lstrip("%"), []).append(
                 (ins.computation, 1 if trips is None else trips))
         elif ins.opcode in ("call", "conditional", "async-start"):
-            for key in ("to_apply", "calls", "branch_computations", "true_computation", "false_computation"):
-                for c in re.findall(r"%?([\w.\-]+)", ins.attrs.get(key, "")):
-                    callers.setdefault(c, []).append((ins.computation, 1))
+            for c in _callees(ins):
+                callers.setdefault(c, []).append((ins.computation, 1))
     memo: dict[str, int] = {}
 
     def mult(c: str, depth: int = 0) -> int:
@@ -158,7 +165,6 @@ def multiplicity(mod: HloModule) -> dict[str, int]:
     return {c: mult(c) for c in mod.computations}
 
 
-_CALLEES = ("to_apply", "calls", "branch_computations", "true_computation", "false_computation", "body", "condition")
 # What XLA's Shardy export names a shard_map body it has not inlined yet (XLA:TPU keeps them as
 # calls through its partitioner: `xla.sdy.inlinable_manual_computation_body.N`, `..._spmd` after it)
 _MANUAL_BODY = "inlinable_manual_computation_body"
@@ -174,15 +180,14 @@ def manual_computations(mod: HloModule) -> set[str]:
         if ins.opcode == "custom-call" and "SPMDFullToShardShape" in ins.attrs.get("custom_call_target", ""):
             out.add(ins.computation)
         elif ins.opcode == "call":
-            callee = ins.attrs.get("to_apply", "").lstrip("%")
-            if _MANUAL_BODY in callee or ins.attrs.get("sharding", "").strip("{}") == "manual":
-                todo.append(callee)
+            callee = _callees(ins, ("to_apply",))
+            if any(_MANUAL_BODY in c for c in callee) or ins.attrs.get("sharding", "").strip("{}") == "manual":
+                todo.extend(callee)
     while todo:
         c = todo.pop()
         if c in out or c not in mod.computations:
             continue
         out.add(c)
         for n in mod.computations[c]:
-            for key in _CALLEES:
-                todo.extend(re.findall(r"%?([\w.\-]+)", mod.instrs[n].attrs.get(key, "")))
+            todo.extend(_callees(mod.instrs[n], (*_CALLS, "body", "condition")))
     return out

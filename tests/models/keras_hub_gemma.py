@@ -29,75 +29,31 @@ from typing import Any
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
 
-import keras  # noqa: E402
 import keras_hub  # noqa: E402
 from jax.sharding import Mesh  # noqa: E402
 
 from . import keras_steps, meshes  # noqa: E402
-from .meshes import data_model_mesh  # noqa: E402
-
-LAYOUTS = ("megatron", "keras_hub")
 
 
-def layout_map(device_mesh: Any, sp: bool, layout: str = "megatron") -> Any:
-    if layout == "keras_hub":
-        lm = keras_hub.models.GemmaBackbone.get_layout_map(
-            device_mesh, model_parallel_dim_name="model", data_parallel_dim_name="data")
-    elif layout == "megatron":
-        lm = keras.distribution.LayoutMap(device_mesh)
-        lm[r".*attention/(query|key|value)/kernel"] = ("model", None, None)
-        lm[r".*attention/attention_output/kernel"] = ("model", None, None)
-        lm[r".*ffw_gating(_2)?/kernel"] = (None, "model")
-        lm[r".*ffw_linear/kernel"] = ("model", None)
-    else:
-        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
-    if sp:
-        lm[r".*(token_embedding|decoder_block_\d+)/output"] = ("data", "model", None)
-    return lm
-
-
-def build(mesh: Mesh, sp: bool, layout: str = "megatron", sz: meshes.Size = meshes.TINY) -> tuple[Any, Any]:
-    """(the compiled GemmaCausalLM, its ModelParallel distribution), variables placed on `mesh`.
-    Gemma's `intermediate_dim` is both gating layers' units together (each has half), so it is
+def _gemma(sz: meshes.Size) -> Any:
+    """Gemma's `intermediate_dim` is both gating layers' units together (each has half), so it is
     twice `sz.mlp`: each MLP dense then has `sz.mlp` units, as Llama's."""
-    dist = keras.distribution.ModelParallel(layout_map=layout_map(keras_steps.device_mesh(mesh), sp, layout),
-                                            batch_dim_name="data")
-
-    def gemma() -> Any:
-        backbone = keras_hub.models.GemmaBackbone(
-            vocabulary_size=sz.vocab, num_layers=sz.layers, num_query_heads=sz.heads,
-            num_key_value_heads=sz.heads, hidden_dim=sz.hidden, intermediate_dim=2 * sz.mlp,
-            head_dim=sz.head_dim, dtype="float32")
-        return keras_hub.models.GemmaCausalLM(backbone=backbone, preprocessor=None)
-
-    return keras_steps.compiled(gemma, dist), dist
+    backbone = keras_hub.models.GemmaBackbone(
+        vocabulary_size=sz.vocab, num_layers=sz.layers, num_query_heads=sz.heads,
+        num_key_value_heads=sz.heads, hidden_dim=sz.hidden, intermediate_dim=2 * sz.mlp,
+        head_dim=sz.head_dim, dtype="float32")
+    return keras_hub.models.GemmaCausalLM(backbone=backbone, preprocessor=None)
 
 
-def forward(mesh: Mesh | None = None, sp: bool = False, layout: str = "megatron"
-            ) -> tuple[Callable[..., Any], tuple[Any, ...]]:
-    """(jitted logits(trainable, non_trainable, x), its arguments) on a 2x2 (data, model) mesh."""
-    mesh = data_model_mesh(mesh)
-    return keras_steps.forward(*build(mesh, sp, layout), mesh)
+GEMMA = keras_steps.KerasLM(
+    keras_hub.models.GemmaBackbone,
+    {r".*attention/(query|key|value)/kernel": ("model", None, None),
+     r".*attention/attention_output/kernel": ("model", None, None),
+     r".*ffw_gating(_2)?/kernel": (None, "model"),
+     r".*ffw_linear/kernel": ("model", None)},
+    r"decoder_block_\d+", _gemma)
 
-
-def train_step(mesh: Mesh | None = None, sp: bool = False, layout: str = "megatron",
-               layers: int = meshes.LAYERS, **size: int) -> tuple[Callable[..., Any], tuple[Any, ...]]:
-    """(jitted Keras train_step(state, x, y, sample_weight) -> (logs, state), its arguments);
-    `size`: `meshes.Size`'s fields other than layers (hidden, heads, mlp, vocab, batch, seq)."""
-    mesh = data_model_mesh(mesh)
-    sz = meshes.size(layers=layers, **size)
-    return keras_steps.train_step(*build(mesh, sp, layout, sz), mesh, sz)
-
-
-def forward_sp(mesh: Mesh | None = None, layout: str = "megatron") -> tuple[Callable[..., Any], tuple[Any, ...]]:
-    """`forward` with sequence parallelism."""
-    return forward(mesh, sp=True, layout=layout)
-
-
-def train_step_sp(mesh: Mesh | None = None, layout: str = "megatron", layers: int = meshes.LAYERS,
-                  **size: int) -> tuple[Callable[..., Any], tuple[Any, ...]]:
-    """`train_step` with sequence parallelism (`layers` decoder blocks, `size` as there)."""
-    return train_step(mesh, sp=True, layout=layout, layers=layers, **size)
+forward, train_step, forward_sp, train_step_sp = keras_steps.factories(GEMMA)
 
 
 def forward_keras_hub(mesh: Mesh | None = None) -> tuple[Callable[..., Any], tuple[Any, ...]]:

@@ -23,73 +23,28 @@ docs show; it also shards the hidden dimension of every kernel, over model or da
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from typing import Any
 
 os.environ.setdefault("KERAS_BACKEND", "jax")
 
-import keras  # noqa: E402
 import keras_hub  # noqa: E402
-from jax.sharding import Mesh  # noqa: E402
 
 from . import keras_steps, meshes  # noqa: E402
-from .meshes import data_model_mesh  # noqa: E402
 
 
-def layout_map(device_mesh: Any, sp: bool, layout: str = "megatron") -> Any:
-    if layout == "keras_hub":
-        lm = keras_hub.models.LlamaBackbone.get_layout_map(
-            device_mesh, model_parallel_dim_name="model", data_parallel_dim_name="data")
-    elif layout == "megatron":
-        lm = keras.distribution.LayoutMap(device_mesh)
-        lm[r".*self_attention/(query|key|value)/kernel"] = (None, "model", None)
-        lm[r".*self_attention/attention_output/kernel"] = ("model", None, None)
-        lm[r".*feedforward_(gate|intermediate)_dense/kernel"] = (None, "model")
-        lm[r".*feedforward_output_dense/kernel"] = ("model", None)
-    else:
-        raise ValueError(f"layout must be 'megatron' or 'keras_hub', got {layout!r}")
-    if sp:
-        lm[r".*(token_embedding|transformer_layer_\d+)/output"] = ("data", "model", None)
-    return lm
+def _llama(sz: meshes.Size) -> Any:
+    backbone = keras_hub.models.LlamaBackbone(
+        vocabulary_size=sz.vocab, num_layers=sz.layers, num_query_heads=sz.heads,
+        num_key_value_heads=sz.heads, hidden_dim=sz.hidden, intermediate_dim=sz.mlp, dtype="float32")
+    return keras_hub.models.LlamaCausalLM(backbone=backbone, preprocessor=None)
 
 
-def build(mesh: Mesh, sp: bool, layout: str = "megatron", sz: meshes.Size = meshes.TINY) -> tuple[Any, Any]:
-    """(the compiled LlamaCausalLM, its ModelParallel distribution), variables placed on `mesh`."""
-    dist = keras.distribution.ModelParallel(layout_map=layout_map(keras_steps.device_mesh(mesh), sp, layout),
-                                            batch_dim_name="data")
+LLAMA = keras_steps.KerasLM(
+    keras_hub.models.LlamaBackbone,
+    {r".*self_attention/(query|key|value)/kernel": (None, "model", None),
+     r".*self_attention/attention_output/kernel": ("model", None, None),
+     r".*feedforward_(gate|intermediate)_dense/kernel": (None, "model"),
+     r".*feedforward_output_dense/kernel": ("model", None)},
+    r"transformer_layer_\d+", _llama)
 
-    def llama() -> Any:
-        backbone = keras_hub.models.LlamaBackbone(
-            vocabulary_size=sz.vocab, num_layers=sz.layers, num_query_heads=sz.heads,
-            num_key_value_heads=sz.heads, hidden_dim=sz.hidden, intermediate_dim=sz.mlp,
-            dtype="float32")
-        return keras_hub.models.LlamaCausalLM(backbone=backbone, preprocessor=None)
-
-    return keras_steps.compiled(llama, dist), dist
-
-
-def forward(mesh: Mesh | None = None, sp: bool = False, layout: str = "megatron"
-            ) -> tuple[Callable[..., Any], tuple[Any, ...]]:
-    """(jitted logits(trainable, non_trainable, x), its arguments) on a 2x2 (data, model) mesh."""
-    mesh = data_model_mesh(mesh)
-    return keras_steps.forward(*build(mesh, sp, layout), mesh)
-
-
-def train_step(mesh: Mesh | None = None, sp: bool = False, layout: str = "megatron",
-               layers: int = meshes.LAYERS, **size: int) -> tuple[Callable[..., Any], tuple[Any, ...]]:
-    """(jitted Keras train_step(state, x, y, sample_weight) -> (logs, state), its arguments);
-    `size`: `meshes.Size`'s fields other than layers (hidden, heads, mlp, vocab, batch, seq)."""
-    mesh = data_model_mesh(mesh)
-    sz = meshes.size(layers=layers, **size)
-    return keras_steps.train_step(*build(mesh, sp, layout, sz), mesh, sz)
-
-
-def forward_sp(mesh: Mesh | None = None, layout: str = "megatron") -> tuple[Callable[..., Any], tuple[Any, ...]]:
-    """`forward` with sequence parallelism."""
-    return forward(mesh, sp=True, layout=layout)
-
-
-def train_step_sp(mesh: Mesh | None = None, layout: str = "megatron", layers: int = meshes.LAYERS,
-                  **size: int) -> tuple[Callable[..., Any], tuple[Any, ...]]:
-    """`train_step` with sequence parallelism (`layers` transformer blocks, `size` as there)."""
-    return train_step(mesh, sp=True, layout=layout, layers=layers, **size)
+forward, train_step, forward_sp, train_step_sp = keras_steps.factories(LLAMA)

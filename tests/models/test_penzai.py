@@ -40,6 +40,12 @@ layer, each with its own collective), so there is no grouped reduce-scatter to e
 
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 pytest.importorskip("penzai", reason="install requirements-models.lock (`make test` does)")
@@ -120,12 +126,6 @@ def test_on_xla_tpu_every_pair_maps_including_the_dots_whose_operands_it_swaps(t
     slice. XLA:TPU also keeps the shard_map bodies as called computations through its partitioner:
     the collectives of the pass's own decompositions (the baseline's gather and scatter) are not
     pairs of the next round."""
-    import os
-    import re
-    import subprocess
-    import sys
-    from pathlib import Path
-
     tpu_devices("v5e:4x2")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "AUTOTUNER_DB"))}
     for strategy in ("ring-uni-c1-u1-loop-send", "baseline"):
