@@ -1,6 +1,9 @@
 """Readable problem names from the op_name metadata JAX writes into the HLO (its name stack):
 `jit(step)/transpose(jvp(llama_backbone))/transformer_layer_0/self_attention/query/bqm,muh->bquh/dot_general`
-names the dot `grad/self_attention/query`."""
+names the dot `grad/self_attention/query`. Where the name stack names nothing (Flax NNX, Equinox
+and plain JAX push no scopes), the argument a dot multiplies does: JAX writes each argument's
+path into its parameter's op_name (`params['blocks'][0]['attn']['query']['kernel'].value`), so that
+dot is `attn/query` (`dot_label`)."""
 
 from __future__ import annotations
 
@@ -77,6 +80,43 @@ def short_name(op_name: str, depth: int = 2) -> str:
     named = [c for c, index in zip(path, _indices(path), strict=True) if not index]
     name = "/".join(named[-depth:]) if named else eqs[-1] if eqs else "/".join(path[-depth:]) or "dot"
     return f"grad/{name}" if backward else name
+
+
+_ARGUMENT = re.compile(r"[A-Za-z_]\w*(?:\['[^']*'\]|\[\d+\]|\.[A-Za-z_]\w*)*")
+_KEY = re.compile(r"\['([^']*)'\]|\[(\d+)\]|\.([A-Za-z_]\w*)")
+# the leaf of a layer's parameter rather than the layer (`attn.query.kernel` is the attention's query)
+_LEAVES = frozenset({"kernel", "weight", "weights", "w", "embedding", "embeddings"})
+
+
+def argument_scopes(op_name: str) -> list[str]:
+    """The scopes of a program argument's path as JAX writes it into its parameter's op_name
+    (`params['blocks'][0]['attn']['query']['kernel'].value` -> blocks, 0, attn, query): the
+    argument's own name left out where a path follows it, then a last `.value` attribute (a Flax
+    Variable's) and a leaf name of `_LEAVES`; [] where `op_name` is not such a path (a name stack,
+    or nothing)."""
+    text = op_name.replace("\\", "")
+    root = re.match(r"[A-Za-z_]\w*", text)
+    if root is None or not _ARGUMENT.fullmatch(text):
+        return []
+    keys = _KEY.findall(text[root.end():])   # (dict key, index, attribute) per accessor
+    if keys and keys[-1][2] == "value":
+        keys.pop()
+    if keys and (keys[-1][0] or keys[-1][2]) in _LEAVES:
+        keys.pop()
+    return [a or b or c for a, b, c in keys] or [root.group(0)]
+
+
+def dot_label(op_name: str, arguments: Sequence[str] = ()) -> str:
+    """The op_name a dot is named by (`short_name`): its own, unless its name stack names no scope
+    and no einsum and it multiplies a program argument (`arguments`: the op_names of the arguments
+    among its operands and its forward dot's, '' for the others, `HloModule.arguments`): then that
+    argument's path takes the scopes' place, the deepest path where several are (a model's
+    weight, not the input `x`), the later one on a tie (`x @ w`)."""
+    scopes = max((argument_scopes(a) for a in reversed(arguments)), key=len, default=[])   # ties: the later
+    if not scopes or short_name(op_name).removeprefix("grad/") != "dot":
+        return op_name
+    head, _, prim = op_name.rpartition("/")
+    return "/".join([p for p in (head, *scopes, prim) if p])
 
 
 def problem_names(op_names: Sequence[Sequence[str]]) -> list[str]:

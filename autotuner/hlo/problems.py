@@ -13,7 +13,7 @@ from typing import Any
 
 from autotuner.hlo.evaluate import manual_computations, multiplicity
 from autotuner.hlo.group_pairs import group_units
-from autotuner.hlo.names import problem_names
+from autotuner.hlo.names import dot_label, problem_names
 from autotuner.hlo.pairs import ExtractReport, Pair, find_pairs, skip
 from autotuner.hlo.shardings import MeshInfo, parse_sharding, tiling_spec
 from autotuner.hlo.text import DTYPES, ExtractError, HloModule, Instr, parse_hlo
@@ -277,7 +277,7 @@ def extract_from_hlo(propagated: str, partitioned: str, mesh: Mapping[str, int] 
     for unit, unit_pairs, n in group_units(mapped):
         slot = found.setdefault(unit.key, [unit, 0])
         slot[1] += n
-        ops.setdefault(unit.key, []).extend(q.dot.op_name for q in unit_pairs)
+        ops.setdefault(unit.key, []).extend(dot_label(q.dot.op_name, post.arguments(q.dot)) for q in unit_pairs)
     problems = [(p, c) for p, c in found.values()]
     names = problem_names([ops[p.key] for p, _ in problems])
     return ExtractReport(problems, skipped, len(pairs), post.num_partitions, info.as_dict(), names)

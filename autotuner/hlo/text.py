@@ -84,6 +84,38 @@ class HloModule:
     def op(self, name: str) -> Instr | None:
         return self.instrs.get(name)
 
+    def source(self, name: str) -> Instr | None:
+        """What `name` is a relayout of: the first producer up its chain of `PASS_THROUGH` ops."""
+        cur = self.op(name)
+        while cur is not None and cur.opcode in PASS_THROUGH and cur.operands:
+            cur = self.op(cur.operands[0])
+        return cur
+
+    def arguments(self, dot: Instr) -> list[str]:
+        """Per operand of `dot`, the op_name of the program argument it is (a parameter, through
+        relayouts), where JAX wrote the argument's path, else ''; then those of the first dot from
+        the same source line (`stack_frame`: the forward dot that a weight's gradient, whose
+        operands are computed values or the input, is the transpose of)."""
+        return self._operand_arguments(dot) + self._frame_arguments.get(dot.stack_frame, [])
+
+    def _operand_arguments(self, dot: Instr) -> list[str]:
+        out = []
+        for o in dot.operands:
+            src = self.source(o)
+            out.append(src.op_name if src is not None and src.opcode == "parameter" else "")
+        return out
+
+    @functools.cached_property
+    def _frame_arguments(self) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for n in self.order:
+            ins = self.instrs[n]
+            if ins.opcode == "dot" and ins.stack_frame and ins.stack_frame not in out:
+                args = self._operand_arguments(ins)
+                if any(args):
+                    out[ins.stack_frame] = args
+        return out
+
 
 _CLOSE = {"(": ")", "[": "]", "{": "}"}
 _SPECIAL = re.compile(r"[\"'\\()\[\]{},]")   # the characters the scanners below act on

@@ -21,7 +21,7 @@ from typing import Any
 from autotuner.hlo.compile import keep_json
 from autotuner.hlo.evaluate import manual_computations, multiplicity
 from autotuner.hlo.group_pairs import group_units
-from autotuner.hlo.names import short_name
+from autotuner.hlo.names import dot_label, short_name
 from autotuner.hlo.pairs import Pair, find_pairs
 from autotuner.hlo.problems import dot_index, match_dot
 from autotuner.hlo.shardings import MeshInfo
@@ -222,7 +222,7 @@ def find_sites(pre_text: str, post_text: str, parts: int, tagger: Interpreter, m
         seen.add(ident)
         this_round.add(ident)
         dot = tagger.infos.get(tag) if tag else None
-        name = short_name(op)
+        name = short_name(dot_label(op, post.arguments(pair.dot)))
         where = dot.where if dot else ""
         swapped = False
         if why is None:

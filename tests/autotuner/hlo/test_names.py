@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from autotuner.hlo.names import problem_names, short_name
+from autotuner.hlo.names import argument_scopes, dot_label, problem_names, short_name
 
 
 @pytest.mark.parametrize(("op_name", "name"), [
@@ -41,3 +41,59 @@ def test_problem_names_join_distinct_dots_and_number_repeats() -> None:
     q = "jit(f)/attn/query/dot_general"
     k = "jit(f)/attn/key/dot_general"
     assert problem_names([[q, k, q], [q], [q]]) == ["attn/query+attn/key", "attn/query", "attn/query#2"]
+
+
+@pytest.mark.parametrize(("op_name", "scopes"), [
+    # Flax NNX's state as a jit argument, as XLA prints it (quotes escaped): the Variable's `.value`
+    # and the kernel are the parameter's leaf, `['value']` is the attention's value projection
+    (r"params[\'blocks\'][0][\'attn\'][\'value\'][\'kernel\'].value", ["blocks", "0", "attn", "value"]),
+    ("params['head']['kernel'].value", ["head"]),
+    ("params['value']", ["value"]),
+    # an Equinox module's attributes; a bare argument is its own name
+    ("model.layers[3].mlp.up.weight", ["layers", "3", "mlp", "up"]),
+    ("w_up", ["w_up"]),
+    # a name stack, or nothing, is not an argument
+    ("jit(f)/mlp/up/dot_general", []),
+    ("", []),
+])
+def test_argument_scopes(op_name: str, scopes: list[str]) -> None:
+    assert argument_scopes(op_name) == scopes
+
+
+def test_a_dot_the_name_stack_does_not_name_is_named_by_the_argument_it_multiplies() -> None:
+    flax = r"params[\'blocks\'][1][\'attn\'][\'query\'][\'kernel\'].value"
+    assert short_name(dot_label("jit(step)/jvp()/dot_general", ["", flax])) == "attn/query"
+    assert short_name(dot_label("jit(step)/transpose(jvp())/dot_general", [flax, ""])) == "grad/attn/query"
+    # the deeper path is the model's weight, not the input; on a tie the later operand (x @ w)
+    assert short_name(dot_label("jit(f)/dot_general", ["model.mlp.up.weight", "x"])) == "mlp/up"
+    assert short_name(dot_label("jit(f)/dot_general", ["x", "w"])) == "w"
+    # a named scope or an einsum still names it; no argument leaves `dot`
+    assert short_name(dot_label("jit(f)/mlp/down/dot_general", ["", flax])) == "mlp/down"
+    assert short_name(dot_label("jit(f)/bsd,df->bsf/dot_general", ["", flax])) == "bsd,df->bsf"
+    assert short_name(dot_label("jit(f)/dot_general", ["", ""])) == "dot"
+
+
+def test_the_partitioned_module_says_which_argument_each_dot_multiplies() -> None:
+    """JAX writes each argument's path into its parameter's op_name and the partitioner keeps it;
+    a weight's gradient (two computed operands) takes its forward dot's argument by source line."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import AxisType, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from autotuner.hlo.compile import partitioned_hlo
+    from autotuner.hlo.text import parse_hlo
+
+    mesh = jax.make_mesh((2,), ("data",), axis_types=(AxisType.Auto,), devices=jax.devices()[:2])
+
+    def loss(params, x):
+        h = jnp.tanh(x @ params["mlp"]["up"].T)
+        return jnp.sum(h @ params["mlp"]["down"])
+
+    params = {"mlp": {"up": jnp.ones((8, 4)), "down": jnp.ones((8, 4))}}
+    x = jax.device_put(jnp.ones((4, 4)), NamedSharding(mesh, P("data", None)))
+    _, post, parts = partitioned_hlo(jax.jit(jax.value_and_grad(loss)), params, x)
+    assert parts == 2
+    mod = parse_hlo(post)
+    names = {short_name(dot_label(d.op_name, mod.arguments(d))) for d in mod.instrs.values() if d.opcode == "dot"}
+    assert names == {"mlp/up", "mlp/down", "grad/mlp/up", "grad/mlp/down"}
