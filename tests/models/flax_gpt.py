@@ -1,0 +1,136 @@
+"""A GPT-2-style decoder made of Flax NNX's own layers (flax 0.12.8, `flax.nnx`) as factories for
+`autotuner extract`:
+
+    autotuner extract tests.models.flax_gpt:train_step_sp --mesh '{"data": 2, "model": 2}' --auto -o f.json
+
+What runs is Flax's code: `nnx.Embed`, `nnx.LayerNorm`, `nnx.MultiHeadAttention` (its Q/K/V and
+output projections are `nnx.LinearGeneral`s, a `lax.dot_general` each; the output one contracts
+heads and head_dim together) with `nnx.dot_product_attention` under `nnx.make_causal_mask`, and
+`nnx.Linear` for the MLP and the LM head. This module only stacks them (pre-norm blocks,
+`x + attn(ln(x))`, `x + down(gelu(up(ln(x))))`) and writes the layout the way Flax's "Scale up
+on multiple devices" guide does: every kernel's and bias's partitioning as Flax metadata
+(`nnx.with_partitioning`), the model created under the mesh (`jax.set_mesh`), so that Flax places
+each parameter by it (its eager sharding). Megatron
+tensor parallelism: Q/K/V kernels [hidden, heads, head_dim] and the MLP up kernel column-parallel
+(heads / mlp over model), the attention output kernel [heads, head_dim, hidden] and the MLP down
+kernel row-parallel; embedding, norms and LM head replicated. Sequence parallelism (the `_sp`
+factories): the residual stream after the embedding and after each sublayer is constrained to
+(batch over data, seq over model).
+
+The programs are pure functions of the model's `nnx.Param` state (`nnx.split` / `nnx.merge`, Flax's
+functional API): `forward` the logits, `train_step` `jax.value_and_grad` of the next-token cross
+entropy plus an `optax.adamw` update of every parameter.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from . import meshes
+from .meshes import data_model_mesh
+
+SEQUENCE = P("data", "model", None)   # the residual stream's layout under sequence parallelism
+
+
+def _kernel(*spec: str | None) -> Any:
+    return nnx.with_partitioning(nnx.initializers.lecun_normal(), spec)
+
+
+def _bias(*spec: str | None) -> Any:
+    return nnx.with_partitioning(nnx.initializers.zeros_init(), spec)
+
+
+class Block(nnx.Module):
+    def __init__(self, sz: meshes.Size, constrain: Callable[[jax.Array], jax.Array], rngs: nnx.Rngs):
+        self.constrain = constrain
+        self.ln1 = nnx.LayerNorm(sz.hidden, rngs=rngs)
+        self.attn = nnx.MultiHeadAttention(sz.heads, sz.hidden, decode=False,
+                                           kernel_init=_kernel(None, "model", None), bias_init=_bias("model", None),
+                                           out_kernel_init=_kernel("model", None, None), out_bias_init=_bias(None),
+                                           rngs=rngs)
+        self.ln2 = nnx.LayerNorm(sz.hidden, rngs=rngs)
+        self.up = nnx.Linear(sz.hidden, sz.mlp, kernel_init=_kernel(None, "model"), bias_init=_bias("model"), rngs=rngs)
+        self.down = nnx.Linear(sz.mlp, sz.hidden, kernel_init=_kernel("model", None), bias_init=_bias(None), rngs=rngs)
+
+    def __call__(self, x: jax.Array, mask: jax.Array) -> jax.Array:
+        x = self.constrain(x + self.attn(self.ln1(x), mask=mask))
+        return self.constrain(x + self.down(nnx.gelu(self.up(self.ln2(x)))))
+
+
+class GPT(nnx.Module):
+    def __init__(self, sz: meshes.Size, constrain: Callable[[jax.Array], jax.Array], rngs: nnx.Rngs):
+        self.constrain = constrain
+        self.embed = nnx.Embed(sz.vocab, sz.hidden, rngs=rngs)
+        self.blocks = nnx.List([Block(sz, constrain, rngs) for _ in range(sz.layers)])
+        self.ln = nnx.LayerNorm(sz.hidden, rngs=rngs)
+        self.head = nnx.Linear(sz.hidden, sz.vocab, use_bias=False, rngs=rngs)
+
+    def __call__(self, tokens: jax.Array) -> jax.Array:
+        x = self.constrain(self.embed(tokens))
+        mask = nnx.make_causal_mask(tokens)
+        for block in self.blocks:
+            x = block(x, mask)
+        return self.head(self.ln(x))
+
+
+def build(mesh: Mesh, sp: bool, sz: meshes.Size = meshes.TINY) -> tuple[Any, Any, Any]:
+    """(graphdef, the nnx.Param state, placed on `mesh` by its partitioning metadata, the rest of
+    the state: the attention's dropout RNG streams)."""
+    def constrain(x: jax.Array) -> jax.Array:
+        return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, SEQUENCE)) if sp else x
+
+    with jax.set_mesh(mesh):   # Flax creates each annotated variable sharded (its eager sharding)
+        model = GPT(sz, constrain, nnx.Rngs(0))
+    return nnx.split(model, nnx.Param, ...)
+
+
+def _logits(graphdef: Any, rest: Any) -> Callable[[Any, jax.Array], jax.Array]:
+    def logits(params: Any, tokens: jax.Array) -> jax.Array:
+        return nnx.merge(graphdef, params, rest)(tokens)
+    return logits
+
+
+def forward(mesh: Mesh | None = None, sp: bool = False, **size: int) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """(jitted logits(params, tokens), its arguments) on a 2x2 (data, model) mesh; `size`:
+    `meshes.Size`'s fields."""
+    mesh, sz = data_model_mesh(mesh), meshes.size(**size)
+    graphdef, params, rest = build(mesh, sp, sz)
+    return jax.jit(_logits(graphdef, rest)), (params, meshes.tokens(mesh, sz=sz))
+
+
+def train_step(mesh: Mesh | None = None, sp: bool = False,
+               **size: int) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """(jitted step(params, opt_state, tokens) -> (params, opt_state, loss), its arguments)."""
+    mesh, sz = data_model_mesh(mesh), meshes.size(**size)
+    graphdef, params, rest = build(mesh, sp, sz)
+    logits = _logits(graphdef, rest)
+    opt = optax.adamw(1e-3)
+
+    def loss_fn(params: Any, tokens: jax.Array) -> jax.Array:
+        logp = jax.nn.log_softmax(logits(params, tokens)[:, :-1], axis=-1)
+        return -jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1))
+
+    def step(params: Any, opt_state: Any, tokens: jax.Array) -> tuple[Any, Any, jax.Array]:
+        loss, grads = jax.value_and_grad(loss_fn)(params, tokens)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    return jax.jit(step), (params, jax.jit(opt.init)(params), meshes.tokens(mesh, sz=sz))
+
+
+def forward_sp(mesh: Mesh | None = None, **size: int) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """`forward` with sequence parallelism."""
+    return forward(mesh, sp=True, **size)
+
+
+def train_step_sp(mesh: Mesh | None = None, **size: int) -> tuple[Callable[..., Any], tuple[Any, ...]]:
+    """`train_step` with sequence parallelism."""
+    return train_step(mesh, sp=True, **size)

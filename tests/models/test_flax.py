@@ -1,0 +1,115 @@
+"""Extraction on a GPT made of Flax NNX's layers (tests/models/flax_gpt.py): the pairs counted by hand.
+
+Counted from flax 0.12.8's code (site-packages/flax/nnx/nn/...), L = 2 blocks. Per block, the
+attention's Q, K and V are `LinearGeneral`s (attention.py:666-668; one `lax.dot_general`, linear.py:298)
+with kernels [hidden, heads, head_dim] (column-parallel: heads over model), its output a
+`LinearGeneral` over axis (-2, -1) (attention.py:567, :767) whose kernel [heads, head_dim, hidden]
+is row-parallel, so that one dot contracts heads and head_dim together; the MLP's up and down are
+`nn.Linear`s (linear.py:422), column- and row-parallel. Attention scores and values are einsums
+(attention.py:157, :324) with the heads local: no collective. LayerNorm has no dot; the LM head
+(`Linear`, replicated) is one.
+
+Tensor parallel only (batch over data, residual stream replicated over model):
+- forward: the attention output and the MLP down contract the sharded heads / mlp, so their partial
+  sums are all-reduced over model and used whole by the residual add: 2L, no decomposable pair.
+- training step adds per block the input gradients of Q, K, V and up (they contract the sharded
+  heads / mlp: 4 all-reduces over model) and the 6 kernels' weight gradients (they contract the
+  data-sharded batch: 6 all-reduces over data), plus the LM head's weight gradient: 2L + 4L + 6L
+  + 1 all-reduces used whole. The biases' gradients are reductions, not dots.
+
+Sequence parallel (residual stream after the embedding and each sublayer laid out batch over data,
+seq over model):
+- forward per block: one all-gather of the normed input (seq) feeding Q, K and V (3 pairs, one
+  grouped problem), a reduce-scatter of the attention output (1; its dot contracts two dimensions),
+  an all-gather feeding up (1), a reduce-scatter of down (1): 6 pairs, 4 problems, 4 distinct (the
+  same in every block). Unlike penzai's and keras-hub's Llamas (a gated MLP: gate and up share a
+  gather, 7 pairs), GPT-2's MLP has one up projection.
+- training step adds per block: the output gradients of down and of the attention output
+  all-gathered (seq) into their input-gradient dots (2 pairs), the input gradients of up, Q, K and V
+  reduce-scattered (seq) into the residual gradient (4 pairs), and the 6 weight gradients, whose
+  gathered operand (the normed input, the MLP hidden, the attention's heads, the output gradients)
+  also contracts the data-sharded batch (6 skipped pairs; their all-reduces over data used whole,
+  with the LM head's).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("flax", reason="install requirements-models.lock (`make test` does)")
+pytest.importorskip("optax", reason="install requirements-models.lock (`make test` does)")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+from jax.sharding import PartitionSpec as P  # noqa: E402
+
+from autotuner.hlo import extract_report  # noqa: E402
+
+from . import flax_gpt, meshes  # noqa: E402
+from .counts import problem_dims, sequence_collectives, summary  # noqa: E402
+from .meshes import LAYERS as L  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+AG, RS, QKV = "all_gather:lhs:free", "reduce_scatter:free_lhs", "all_gather_group3:free"
+WHOLE, DATA = "all-reduce used whole", "contracting batch sharded over data"
+
+EXPECTED = {
+    "forward": {"pairs": 0, "occurrences": 0, "distinct": 0, "patterns": {}, "skipped": {WHOLE: 2 * L}},
+    "forward_sp": {"pairs": 6 * L, "occurrences": 4 * L, "distinct": 4,
+                   "patterns": {QKV: L, AG: L, RS: 2 * L}, "skipped": {}},
+    "train_step": {"pairs": 0, "occurrences": 0, "distinct": 0, "patterns": {},
+                   "skipped": {WHOLE: 2 * L + 4 * L + 6 * L + 1}},
+    # forward 4L problems; backward 2 gathers and 4 scatters per block: 10L, 8 distinct
+    "train_step_sp": {"pairs": 6 * L + 6 * L + 6 * L, "occurrences": 10 * L, "distinct": 8,
+                      "patterns": {QKV: L, AG: L + 2 * L, RS: 2 * L + 4 * L},
+                      "skipped": {DATA: 6 * L, WHOLE: 6 * L + 1}},
+}
+
+
+@pytest.mark.parametrize("factory", list(EXPECTED))
+def test_extraction_finds_the_hand_counted_pairs(factory: str) -> None:
+    fn, args = getattr(flax_gpt, factory)()
+    report = extract_report(fn, *args)
+    assert report.mesh == {"data": 2, "model": 2}
+    assert summary(report) == EXPECTED[factory]
+    assert sequence_collectives(report) == []
+
+
+def test_flax_places_the_parameters_by_their_metadata_and_the_step_learns() -> None:
+    """The layout is Flax's: each kernel and bias where its `with_partitioning` metadata says; the
+    forward gives finite logits and a few steps lower the loss."""
+    fn, (params, tokens) = flax_gpt.forward_sp()
+    attn, mlp = params["blocks"][0]["attn"], params["blocks"][0]
+    assert attn["query"]["kernel"].get_value().sharding.spec == P(None, "model", None)
+    assert attn["out"]["kernel"].get_value().sharding.spec == P("model", None, None)
+    assert mlp["up"]["kernel"].get_value().sharding.spec == P(None, "model")
+    assert mlp["up"]["bias"].get_value().sharding.spec == P("model")
+    assert mlp["down"]["kernel"].get_value().sharding.spec == P("model", None)
+    logits = fn(params, tokens)
+    assert logits.shape == (meshes.BATCH, meshes.SEQ, meshes.VOCAB) and bool(jnp.isfinite(logits).all())
+    step, (params, opt_state, tokens) = flax_gpt.train_step_sp()
+    losses = []
+    for _ in range(3):
+        params, opt_state, loss = step(params, opt_state, tokens)
+        losses.append(float(loss))
+    assert losses[-1] < losses[0]
+    assert jax.tree.structure(params) == jax.tree.structure(flax_gpt.train_step_sp()[1][0])
+
+
+def test_a_larger_size_keeps_the_hand_counted_pairs() -> None:
+    fn, args = flax_gpt.train_step_sp(**meshes.BENCH)
+    report = extract_report(fn, *args)
+    assert summary(report) == EXPECTED["train_step_sp"]
+    assert problem_dims(report) >= {meshes.BENCH["hidden"], meshes.BENCH["mlp"]}
+
+
+def test_problems_are_named_by_the_parameters_they_multiply() -> None:
+    """Flax NNX pushes no name scopes (every dot's op_name is `jit(step)/jvp()/dot_general`), so the
+    name stack names nothing; the parameters' paths do (`autotuner.hlo.names.dot_label`): the
+    forward dot and its transposes by the kernel they multiply."""
+    fn, args = flax_gpt.train_step_sp()
+    report = extract_report(fn, *args)
+    assert sorted(report.names) == sorted([
+        "attn/value+attn/query+attn/key", "attn/out", "blocks/up", "blocks/down", "grad/blocks/down",
+        "grad/blocks/up", "grad/attn/out", "grad/attn/value+grad/attn/key+grad/attn/query"])
