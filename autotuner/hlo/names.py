@@ -1,7 +1,7 @@
 """Readable problem names from the op_name metadata JAX writes into the HLO (its name stack):
 `jit(step)/transpose(jvp(llama_backbone))/transformer_layer_0/self_attention/query/bqm,muh->bquh/dot_general`
-names the dot `grad/self_attention/query`. Where the name stack names nothing (Flax NNX, Equinox
-and plain JAX push no scopes), the argument a dot multiplies does: JAX writes each argument's
+names the dot `grad/self_attention/query`. Where the name stack names no layer (Flax NNX and
+plain JAX push no scopes, Equinox only its modules' classes), the argument a dot multiplies does: JAX writes each argument's
 path into its parameter's op_name (`params['blocks'][0]['attn']['query']['kernel'].value`), so that
 dot is `attn/query` (`dot_label`)."""
 
@@ -107,16 +107,17 @@ def argument_scopes(op_name: str) -> list[str]:
 
 
 def dot_label(op_name: str, arguments: Sequence[str] = ()) -> str:
-    """The op_name a dot is named by (`short_name`): its own, unless its name stack names no scope
-    and no einsum and it multiplies a program argument (`arguments`: the op_names of the arguments
-    among its operands and its forward dot's, '' for the others, `HloModule.arguments`): then that
-    argument's path takes the scopes' place, the deepest path where several are (a model's
-    weight, not the input `x`), the later one on a tie (`x @ w`)."""
+    """The op_name a dot is named by (`short_name`): its own, unless its name stack names no layer
+    (no scope, or only classes: Equinox scopes each call by its module's class, `eqx.nn.Linear`)
+    and no einsum, and it multiplies a program argument (`arguments`: the op_names of the
+    arguments among its operands and its forward dot's, '' for the others, `HloModule.arguments`):
+    then that argument's path names it, the deepest path where several are (a model's weight, not
+    the input `x`), the later one on a tie (`x @ w`)."""
     scopes = max((argument_scopes(a) for a in reversed(arguments)), key=len, default=[])   # ties: the later
-    if not scopes or short_name(op_name).removeprefix("grad/") != "dot":
-        return op_name
-    head, _, prim = op_name.rpartition("/")
-    return "/".join([p for p in (head, *scopes, prim) if p])
+    backward, path, eqs = op_path(op_name)
+    if not scopes or eqs or any("." not in c and not c.startswith("__overlap") for c in path):
+        return op_name   # a scope names it (penzai's positions too), or its einsum does
+    return "/".join(["transpose()" if backward else "", *scopes, "dot_general"]).lstrip("/")
 
 
 def problem_names(op_names: Sequence[Sequence[str]]) -> list[str]:

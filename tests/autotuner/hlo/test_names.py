@@ -67,7 +67,14 @@ def test_a_dot_the_name_stack_does_not_name_is_named_by_the_argument_it_multipli
     # the deeper path is the model's weight, not the input; on a tie the later operand (x @ w)
     assert short_name(dot_label("jit(f)/dot_general", ["model.mlp.up.weight", "x"])) == "mlp/up"
     assert short_name(dot_label("jit(f)/dot_general", ["x", "w"])) == "w"
-    # a named scope or an einsum still names it; no argument leaves `dot`
+    # Equinox scopes each call by its module's class: those name no layer, the weight's path does
+    eqx = "params.blocks[0].attn.query_proj.weight"
+    assert short_name(dot_label("jit(step)/jvp(vmap(eqx.nn.MultiheadAttention))/vmap(eqx.nn.Linear)/dot_general",
+                                [eqx, ""])) == "attn/query_proj"
+    assert short_name(dot_label("jit(step)/transpose(jvp(vmap(vmap(eqx.nn.Linear))))/dot_general",
+                                ["", "", "params.blocks[1].up.weight", ""])) == "grad/blocks/up"
+    # a named scope (penzai's positions too) or an einsum still names it; no argument leaves `dot`
+    assert short_name(dot_label("jit(step)/jvp(1)/0/1/1/0/vmap(vmap(vmap()))/dot_general", [flax])) == "1/0"
     assert short_name(dot_label("jit(f)/mlp/down/dot_general", ["", flax])) == "mlp/down"
     assert short_name(dot_label("jit(f)/bsd,df->bsf/dot_general", ["", flax])) == "bsd,df->bsf"
     assert short_name(dot_label("jit(f)/dot_general", ["", ""])) == "dot"
