@@ -1,5 +1,5 @@
 """The compiler pass `autotuner.overlap` on the real models of the test extra (keras-hub's Llama and
-Gemma, penzai's Llama, a GPT of Flax NNX's layers, tests/models), sequence parallel on the 2x2
+Gemma, penzai's Llama, GPTs of Flax NNX's and Equinox's layers, tests/models), sequence parallel on the 2x2
 (data, model) Auto mesh, and keras-hub's Gemma under keras-hub's own layout (every kernel sharded
 over both axes).
 
@@ -38,14 +38,19 @@ os.environ.setdefault("KERAS_BACKEND", "jax")   # before keras is first imported
 pytestmark = pytest.mark.slow
 
 NEEDS = {"keras_hub_llama": ("keras_hub",), "keras_hub_gemma": ("keras_hub",), "penzai_llama": ("penzai", "optax"),
-         "flax_gpt": ("flax", "optax")}
+         "flax_gpt": ("flax", "optax"), "equinox_gpt": ("equinox", "optax")}
 MODELS = list(NEEDS)
 # per block: (decomposable dots, problems) of forward_sp and of train_step_sp, and the dots of the
 # forward's grouped gathers (each model's test module counts them by hand): the Llamas' gated MLP
-# shares one gather between gate and up, Flax's GPT-2 MLP has one up projection
+# shares one gather between gate and up, the GPT-2 MLP of Flax's and Equinox's layers one up projection
 LLAMA = {"forward_sp": (7, 4), "train_step_sp": (14, 11), "grouped": 5}
+GPT2 = {"forward_sp": (6, 4), "train_step_sp": (12, 10), "grouped": 3}
 PER_BLOCK = {"keras_hub_llama": LLAMA, "keras_hub_gemma": LLAMA, "penzai_llama": LLAMA,
-             "flax_gpt": {"forward_sp": (6, 4), "train_step_sp": (12, 10), "grouped": 3}}
+             "flax_gpt": GPT2, "equinox_gpt": GPT2}
+# whether some ring fits the default memory bound on the tiny training step: Equinox's step
+# compiles to 0.03 MiB of temp memory per device, so +5% is 1.5 KiB and every ring (0.03-0.38 MiB
+# predicted) is shed
+BOUND_KEEPS = {"equinox_gpt": False}
 
 
 def factory(model: str, name: str) -> tuple[Callable[..., Any], tuple[Any, ...]]:
@@ -144,12 +149,13 @@ def check_model(model: str, name: str, *, extract_each: bool) -> None:
     # two distinct strategies per pattern: rolled/unchunked, and chunked
     assert any("-c1-" in k for k in strategies) and any("-c4-" in k or "-c2-" in k for k in strategies)
     if name == "train_step_sp":
-        check_memory(fn, args, want)
+        check_memory(fn, args, want, BOUND_KEEPS.get(model, True))
 
 
-def check_memory(fn: Callable[..., Any], args: tuple[Any, ...], want: Any) -> None:
+def check_memory(fn: Callable[..., Any], args: tuple[Any, ...], want: Any, keeps: bool) -> None:
     """Under the default memory bound the plan reports both programs' temp bytes, as compiled, and
-    the overlapped step stays within +5% of plain jit's (shedding kept gathers or rings if not)."""
+    the overlapped step stays within +5% of plain jit's (shedding kept gathers or rings if not);
+    `keeps`: some ring fits (else every one is shed, and says so)."""
     from autotuner.overlap.memory import DEFAULT_BOUND
 
     ov = overlap(fn, strategy=first_ring)
@@ -158,7 +164,11 @@ def check_memory(fn: Callable[..., Any], args: tuple[Any, ...], want: Any) -> No
     assert plan.memory.plain_bytes == fn.lower(*args).compile().memory_analysis().temp_size_in_bytes
     assert plan.memory.overlapped_bytes == real
     assert real <= plan.memory.plain_bytes * (1 + DEFAULT_BOUND), "\n" + str(plan)
-    assert any(r.applied for r in plan), "\n" + str(plan)
+    if keeps:
+        assert any(r.applied for r in plan), "\n" + str(plan)
+    else:
+        assert not any(r.applied for r in plan) and real == plan.memory.plain_bytes, "\n" + str(plan)
+        assert all(r.note.startswith("the memory bound") for r in plan if r.source == "callable"), "\n" + str(plan)
     assert_close(ov(*args), want)
 
 
