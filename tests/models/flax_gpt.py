@@ -13,7 +13,9 @@ on multiple devices" guide does: every kernel's and bias's partitioning as Flax 
 each parameter by it (its eager sharding). Megatron
 tensor parallelism: Q/K/V kernels [hidden, heads, head_dim] and the MLP up kernel column-parallel
 (heads / mlp over model), the attention output kernel [heads, head_dim, hidden] and the MLP down
-kernel row-parallel; embedding, norms and LM head replicated. Sequence parallelism (the `_sp`
+kernel row-parallel; embedding, norms and LM head replicated. The attention has no biases (a key
+bias's gradient is zero, softmax being shift-invariant, so the optimizer's moments of it are rounding
+noise that no comparison with plain jit can check). Sequence parallelism (the `_sp`
 factories): the residual stream after the embedding and after each sublayer is constrained to
 (batch over data, seq over model).
 
@@ -52,10 +54,9 @@ class Block(nnx.Module):
     def __init__(self, sz: meshes.Size, constrain: Callable[[jax.Array], jax.Array], rngs: nnx.Rngs):
         self.constrain = constrain
         self.ln1 = nnx.LayerNorm(sz.hidden, rngs=rngs)
-        self.attn = nnx.MultiHeadAttention(sz.heads, sz.hidden, decode=False,
-                                           kernel_init=_kernel(None, "model", None), bias_init=_bias("model", None),
-                                           out_kernel_init=_kernel("model", None, None), out_bias_init=_bias(None),
-                                           rngs=rngs)
+        self.attn = nnx.MultiHeadAttention(sz.heads, sz.hidden, decode=False, use_bias=False,
+                                           kernel_init=_kernel(None, "model", None),
+                                           out_kernel_init=_kernel("model", None, None), rngs=rngs)
         self.ln2 = nnx.LayerNorm(sz.hidden, rngs=rngs)
         self.up = nnx.Linear(sz.hidden, sz.mlp, kernel_init=_kernel(None, "model"), bias_init=_bias("model"), rngs=rngs)
         self.down = nnx.Linear(sz.mlp, sz.hidden, kernel_init=_kernel("model", None), bias_init=_bias(None), rngs=rngs)
