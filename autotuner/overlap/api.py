@@ -72,6 +72,9 @@ Limits (each pair concerned stays plain jit and `plan()` says why; nothing raise
   pass is meant for the outermost function (the training step), and these run as plain jit.
 - an all-gather -> dot pair whose dot also contracts a dimension sharded over another axis (the
   weight gradients on a data x model mesh need an all-reduce over `data` too): not a Problem.
+One thing raises (`OverlapError`): a function that changes its arguments in place (Flax NNX's
+`nnx.jit` steps), whose updates any jit, `jax.jit` included, would drop on every call
+(`apply.ArgumentsChanged`).
 Cost, per input signature: one trace of `fn`; one analysis compile of the tagged program at the
 backend's cheapest options, stopped before code generation on CPU (only its partitioned HLO and
 buffer assignment are read: `hlo.compile.analysis_stop`); one compile of the rewritten program
@@ -238,7 +241,12 @@ class Overlapped:
         if len(set(mesh.axis_types)) > 1:
             return _Prepared(plain, Plan(notes=["the mesh mixes Explicit and Auto axes, which the pass "
                                                 "does not handle: plain jit"]))
-        prepared = Build(self, args, kwargs, mesh, plain).run()
+        from autotuner.overlap.apply import ArgumentsChanged
+
+        try:
+            prepared = Build(self, args, kwargs, mesh, plain).run()
+        except ArgumentsChanged as e:
+            raise OverlapError(f"{self!r}: {e}") from None
         _say(self, prepared.plan)
         return prepared
 

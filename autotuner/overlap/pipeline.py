@@ -220,6 +220,9 @@ class Build:
             with self.cost.timing("reading"):
                 return find_sites_kept(part, self.interp, self.mesh, self.seen)
         except Exception as e:  # noqa: BLE001 - never worse than plain jit
+            changed = _changed_arguments(e)
+            if changed is not None:
+                raise changed from None   # plain jit would lose the changes too: the caller is told
             if not self.actions:
                 note = f"the program could not be analysed, so it runs as plain jit: {e}"
                 log.warning("overlap: %s", note)
@@ -397,6 +400,17 @@ class Build:
                 f"equations {span[0]}-{span[1]} of its jaxpr's {span[2]}" if n_kept and span else
                 "; no later equation of its jaxpr takes it, so it is not passed on"))
         return r
+
+
+def _changed_arguments(e: BaseException | None) -> Exception | None:
+    """The `apply.ArgumentsChanged` behind `e` (raised while tracing, wrapped by `hlo.compile.lower`)."""
+    from autotuner.overlap.apply import ArgumentsChanged
+
+    while e is not None:
+        if isinstance(e, ArgumentsChanged):
+            return e
+        e = e.__cause__
+    return None
 
 
 def _plain_rows(rows: list[PlanRow], why: str) -> list[PlanRow]:

@@ -113,3 +113,36 @@ def test_problems_are_named_by_the_parameters_they_multiply() -> None:
     assert sorted(report.names) == sorted([
         "attn/value+attn/query+attn/key", "attn/out", "blocks/up", "blocks/down", "grad/blocks/down",
         "grad/blocks/up", "grad/attn/out", "grad/attn/value+grad/attn/key+grad/attn/query"])
+
+
+def test_an_nnx_jit_step_is_refused_rather_than_run_without_its_update() -> None:
+    """The way Flax's guide writes a training step, `@nnx.jit` updating the model and optimizer in
+    place, handed to `overlap` as it would be to `nnx.jit`: under any jax jit those updates are
+    dropped (a plain `jax.jit` of it returns the loss and leaves the model as it was), so
+    `overlap` says so instead of running a step that never trains. Flax's functional form (the
+    factories here) is what it runs."""
+    import optax
+    from flax import nnx
+
+    from autotuner.overlap import OverlapError, overlap
+
+    mesh = meshes.data_model_mesh()
+    with jax.set_mesh(mesh):
+        model = flax_gpt.GPT(meshes.TINY, lambda x: x, nnx.Rngs(0))
+        optimizer = nnx.Optimizer(model, optax.adamw(1e-3), wrt=nnx.Param)
+    tokens = meshes.tokens(mesh)
+
+    @nnx.jit
+    def step(model: flax_gpt.GPT, optimizer: nnx.Optimizer, tokens: jax.Array) -> jax.Array:
+        def loss_fn(model: flax_gpt.GPT) -> jax.Array:
+            logp = jax.nn.log_softmax(model(tokens)[:, :-1], axis=-1)
+            return -jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1))
+        loss, grads = nnx.value_and_grad(loss_fn)(model)
+        optimizer.update(model, grads)
+        return loss
+
+    first = float(jax.jit(step)(model, optimizer, tokens))
+    assert float(step(model, optimizer, tokens)) == first   # plain jax.jit lost the update
+    with pytest.raises(OverlapError, match=r"in place \(args\[0\]\.blocks\[0\]\.attn\..*nnx\.split"):
+        overlap(step, strategy="baseline")(model, optimizer, tokens)
+    assert float(step(model, optimizer, tokens)) < first   # nnx.jit itself trains, untouched by the refusal

@@ -87,3 +87,38 @@ def test_with_no_client_it_warns_then_a_client_in_the_same_process_is_asked(
             time.sleep(0.1)
         assert {d["problem_key"] for d in demand} == {plan[0].key}, demand   # the service counted the miss
     database.dispose()
+
+
+def test_a_step_that_changes_its_arguments_in_place_is_refused_not_run_without_its_updates() -> None:
+    """jax.jit traces a function with copies of its arguments, so a step that writes its update into
+    them (a dict it was given; Flax NNX's nnx.jit steps: tests/models/test_flax.py) loses the update
+    on every call, silently. overlap raises instead, naming what changed; a step that returns its
+    update runs."""
+    from autotuner.overlap import OverlapError
+
+    loss, (x, w), _mesh = _program()
+
+    def step(state: dict[str, jax.Array], x: jax.Array, *, lr: dict[str, float]) -> jax.Array:
+        value, grad = jax.value_and_grad(loss, argnums=1)(x, state["w"])
+        state["w"] = state["w"] - lr["lr"] * grad   # the caller never sees this under a jit
+        return value
+
+    with pytest.raises(OverlapError, match=r"changed its arguments in place \(args\[0\]\['w'\]\)"):
+        overlap(step, strategy="baseline")({"w": w}, x, lr={"lr": 0.1})
+    state = {"w": w}
+    jax.jit(step)(state, x, lr={"lr": 0.1})
+    assert state["w"] is w   # what plain jit does: the update is gone
+
+    def bumps(x: jax.Array, *, opts: dict[str, Any]) -> jax.Array:
+        opts["calls"] = opts["calls"] + 1
+        return loss(x, w)
+
+    with pytest.raises(OverlapError, match=r"in place \(opts\['calls'\]\)"):
+        overlap(bumps, strategy="baseline")(x, opts={"calls": jnp.zeros(())})
+
+    def pure(state: dict[str, jax.Array], x: jax.Array) -> tuple[dict[str, jax.Array], jax.Array]:
+        value, grad = jax.value_and_grad(loss, argnums=1)(x, state["w"])
+        return {"w": state["w"] - 0.1 * grad}, value
+
+    new, _ = overlap(pure, strategy="baseline")({"w": w}, x)
+    np.testing.assert_allclose(new["w"], jax.jit(pure)({"w": w}, x)[0]["w"], rtol=1e-6)
