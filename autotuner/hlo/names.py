@@ -1,9 +1,9 @@
 """Readable problem names from the op_name metadata JAX writes into the HLO (its name stack):
 `jit(step)/transpose(jvp(llama_backbone))/transformer_layer_0/self_attention/query/bqm,muh->bquh/dot_general`
 names the dot `grad/self_attention/query`. Where the name stack names no layer (Flax NNX and
-plain JAX push no scopes, Equinox only its modules' classes), the argument a dot multiplies does: JAX writes each argument's
-path into its parameter's op_name (`params['blocks'][0]['attn']['query']['kernel'].value`), so that
-dot is `attn/query` (`dot_label`)."""
+plain JAX push no scopes, Equinox only its modules' classes), the argument a dot multiplies does:
+JAX writes each argument's path into its parameter's op_name
+(`params['blocks'][0]['attn']['query']['kernel'].value`), so that dot is `attn/query` (`dot_label`)."""
 
 from __future__ import annotations
 
