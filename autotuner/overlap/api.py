@@ -74,7 +74,7 @@ Limits (each pair concerned stays plain jit and `plan()` says why; nothing raise
   weight gradients on a data x model mesh need an all-reduce over `data` too): not a Problem.
 One thing raises (`OverlapError`): a function that changes its arguments in place (Flax NNX's
 `nnx.jit` steps), whose updates any jit, `jax.jit` included, would drop on every call
-(`apply.ArgumentsChanged`).
+(`arguments.ArgumentsChanged`).
 Cost, per input signature: one trace of `fn`; one analysis compile of the tagged program at the
 backend's cheapest options, stopped before code generation on CPU (only its partitioned HLO and
 buffer assignment are read: `hlo.compile.analysis_stop`); one compile of the rewritten program
@@ -241,7 +241,7 @@ class Overlapped:
         if len(set(mesh.axis_types)) > 1:
             return _Prepared(plain, Plan(notes=["the mesh mixes Explicit and Auto axes, which the pass "
                                                 "does not handle: plain jit"]))
-        from autotuner.overlap.apply import ArgumentsChanged
+        from autotuner.overlap.arguments import ArgumentsChanged
 
         try:
             prepared = Build(self, args, kwargs, mesh, plain).run()

@@ -43,6 +43,7 @@ from jax._src import source_info_util as siu
 from jax.extend import core as jcore
 from jax.sharding import AxisType, NamedSharding
 
+from autotuner.overlap.arguments import check_unchanged
 from autotuner.overlap.subjaxprs import SKIP_PRIMS, params_have_dot, rebuild
 from autotuner.problem import Entry, GroupedProblem, Problem
 from autotuner.strategy import Strategy
@@ -52,37 +53,6 @@ log = logging.getLogger("autotuner.overlap")
 LAYOUT_PRIMS = frozenset({"reshard", "sharding_constraint"})  # identity on values
 TAG_PREFIX = "__overlap"
 Spec = tuple[Entry, ...]
-
-
-class ArgumentsChanged(Exception):  # noqa: N818 - what the traced function did, not an error of ours
-    """The traced function replaced values inside its arguments (an in-place update: Flax NNX's
-    `nnx.jit` steps, an optimizer writing into a dict it was given). Any jit traces the function
-    with copies of its arguments and drops such changes, so the caller would never see them:
-    `overlap` raises instead of running a step whose updates are lost."""
-
-    def __init__(self, paths: list[str]) -> None:
-        self.paths = paths
-        shown = ", ".join(paths[:4]) + (f" and {len(paths) - 4} more" if len(paths) > 4 else "")
-        super().__init__(
-            f"the function changed its arguments in place ({shown}): a jit, this one or jax.jit, traces it "
-            "with copies of its arguments and drops such changes, so every call would lose them. Return the "
-            "new values instead (Flax NNX: a function of the nnx.split state that returns the updated "
-            "state, merged back with nnx.update; or keep nnx.jit for this function)")
-
-
-def _changed(before: Sequence[Any], args: Any) -> list[str]:
-    """Where the leaves of `args` ((positional, keyword) arguments) are no longer `before`'s: the
-    argument (`args[0]`, or a keyword's name) and the path in it."""
-    after = jax.tree_util.tree_flatten_with_path(args)[0]
-    if len(after) != len(before):
-        return [f"{len(before)} leaves became {len(after)}"]
-    out = []
-    for (path, x), y in zip(after, before, strict=True):
-        if x is not y:
-            which, at, *rest = path   # (0: positional | 1: keyword, its index or name, the path in it)
-            head = f"args[{at.idx}]" if which.idx == 0 else str(at.key)
-            out.append(head + jax.tree_util.keystr(tuple(rest)))
-    return out
 
 
 def _graph(jaxpr: Any) -> tuple[dict[Any, Any], dict[Any, list[Any]]]:
@@ -214,9 +184,7 @@ class Interpreter:
                 ls[i] = v
             a, k = jax.tree.unflatten(tree, ls)
             out = fn(*a, **k)
-            changed = _changed(ls, (a, k))
-            if changed:
-                raise ArgumentsChanged(changed)
+            check_unchanged(ls, (a, k))
             return out
 
         dvals = [leaves[i] for i in dyn]

@@ -403,8 +403,8 @@ class Build:
 
 
 def _changed_arguments(e: BaseException | None) -> Exception | None:
-    """The `apply.ArgumentsChanged` behind `e` (raised while tracing, wrapped by `hlo.compile.lower`)."""
-    from autotuner.overlap.apply import ArgumentsChanged
+    """The `arguments.ArgumentsChanged` behind `e` (raised while tracing, wrapped by `hlo.compile.lower`)."""
+    from autotuner.overlap.arguments import ArgumentsChanged
 
     while e is not None:
         if isinstance(e, ArgumentsChanged):
