@@ -72,9 +72,11 @@ Limits (each pair concerned stays plain jit and `plan()` says why; nothing raise
   pass is meant for the outermost function (the training step), and these run as plain jit.
 - an all-gather -> dot pair whose dot also contracts a dimension sharded over another axis (the
   weight gradients on a data x model mesh need an all-reduce over `data` too): not a Problem.
-One thing raises (`OverlapError`): a function that changes its arguments in place (Flax NNX's
-`nnx.jit` steps), whose updates any jit, `jax.jit` included, would drop on every call
-(`arguments.ArgumentsChanged`).
+Flax NNX objects among the arguments (a Module, an Optimizer: a step written for `nnx.jit`, which
+updates them in place) are split into their state, the pass compiles the step as a function of it,
+and the objects are updated after each call, as `nnx.jit` does (`overlap.nnx`). Any other argument
+changed in place raises `OverlapError`: any jit, `jax.jit` included, would drop that update on every
+call (`arguments.ArgumentsChanged`).
 Cost, per input signature: one trace of `fn`; one analysis compile of the tagged program at the
 backend's cheapest options, stopped before code generation on CPU (only its partitioned HLO and
 buffer assignment are read: `hlo.compile.analysis_stop`); one compile of the rewritten program
@@ -98,6 +100,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from autotuner.errors import AutotunerError
+from autotuner.overlap import nnx
 from autotuner.overlap.injob import DEFAULT_BUDGET_S
 from autotuner.overlap.injob import MODES as TUNE_MODES
 from autotuner.overlap.memory import DEFAULT_BOUND, check_bound
@@ -165,6 +168,8 @@ class Overlapped:
         self.tune, self.tune_budget_s = _check_tune(tune, tune_budget_s, self.mode)
         self.client = client
         self.jit_kwargs = jit_kwargs
+        self._options = (strategy, client, memory, tune, tune_budget_s)
+        self._nnx: dict[Any, Overlapped] = {}   # (graphdef, where) -> the pass over the objects' state
         self._cache: dict[Any, _Prepared] = {}
         self._lock = threading.Lock()
         self._warned_traced = False
@@ -186,16 +191,50 @@ class Overlapped:
                             "it around the outermost function (the whole training step, gradients "
                             "included), not inside one.", self)
             return jax.jit(self.fn, **self.jit_kwargs)(*args, **kwargs)
+        inner = self._of_objects(args, kwargs)
+        if inner is not None:   # Flax NNX objects: their state in, the state they are left in out
+            ov, objs, state, rest, kw = inner
+            out, after = ov(state, *rest, **kw)
+            nnx.update(objs, after)
+            return out
         return self._prepare(args, kwargs).call(*args, **kwargs)
 
     def plan(self, *args: Any, **kwargs: Any) -> Plan:
         """One row per decomposable pair of the program at these arguments (see `PlanRow`)."""
+        inner = self._of_objects(args, kwargs)
+        if inner is not None:
+            ov, _objs, state, rest, kw = inner
+            return ov.plan(state, *rest, **kw)
         got = self._prepare(args, kwargs).plan
         return Plan(got, got.notes, got.memory, got.program, got.cost)
 
     def lower(self, *args: Any, **kwargs: Any) -> Any:
-        """The overlapped program lowered for these arguments (as `jax.jit(...).lower`)."""
+        """The overlapped program lowered for these arguments (as `jax.jit(...).lower`; with Flax
+        NNX objects among them, the program of their state, `overlap.nnx`)."""
+        inner = self._of_objects(args, kwargs)
+        if inner is not None:
+            ov, _objs, state, rest, kw = inner
+            return ov.lower(state, *rest, **kw)
         return self._prepare(args, kwargs).jitted.lower(*args, **kwargs)
+
+    def _of_objects(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
+        """Where Flax NNX objects are among the arguments (a step written for `nnx.jit`): the pass
+        over a pure function of their state (`overlap.nnx`, one per graph), the objects, their
+        state and the other arguments; None otherwise."""
+        where = nnx.where_objects(args, kwargs)
+        if not where:
+            return None
+        if self.jit_kwargs:
+            raise OverlapError(f"{self!r}: with Flax NNX objects among the arguments it takes no jax.jit "
+                               f"keyword arguments ({sorted(self.jit_kwargs)}): they would name positions "
+                               "of the step, not of the objects' state it compiles")
+        graphdef, state, objs, rest, kw = nnx.split(where, args, kwargs)
+        key = (graphdef, where, len(args))
+        with self._lock:
+            ov = self._nnx.get(key)
+            if ov is None:
+                ov = self._nnx[key] = Overlapped(nnx.pure(self.fn, graphdef, where, len(args)), *self._options)
+        return ov, objs, state, rest, kw
 
     # -- per signature ---------------------------------------------------------------------------
     def _prepare(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> _Prepared:

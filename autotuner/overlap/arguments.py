@@ -1,6 +1,7 @@
 """A traced function's arguments after the call: a jit traces the function with copies of them,
 so a value it writes into them (an in-place update) never reaches the caller. `overlap` checks
-and refuses such a function (`apply.Interpreter.run`) rather than run a step without its updates."""
+and refuses such a function (`apply.Interpreter.run`) rather than run a step without its updates;
+Flax NNX objects among the arguments are the exception, handled as nnx.jit does (`overlap.nnx`)."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ import jax
 
 
 class ArgumentsChanged(Exception):  # noqa: N818 - what the traced function did, not an error of ours
-    """The traced function replaced values inside its arguments (an in-place update: Flax NNX's
-    `nnx.jit` steps, an optimizer writing into a dict it was given). Any jit traces the function
+    """The traced function replaced values inside its arguments (an in-place update: an optimizer
+    writing into a dict it was given, a Flax NNX state it merged and updated). Any jit traces the function
     with copies of its arguments and drops such changes, so the caller would never see them:
     `overlap` raises instead of running a step whose updates are lost."""
 
@@ -22,8 +23,8 @@ class ArgumentsChanged(Exception):  # noqa: N818 - what the traced function did,
         super().__init__(
             f"the function changed its arguments in place ({shown}): a jit, this one or jax.jit, traces it "
             "with copies of its arguments and drops such changes, so every call would lose them. Return the "
-            "new values instead (Flax NNX: a function of the nnx.split state that returns the updated "
-            "state, merged back with nnx.update; or keep nnx.jit for this function)")
+            "new values instead (Flax NNX objects passed whole, a Module or an Optimizer, are the exception: "
+            "overlap carries their updates back as nnx.jit does)")
 
 
 def changed(before: Sequence[Any], args: Any) -> list[str]:

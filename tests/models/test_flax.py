@@ -115,21 +115,29 @@ def test_problems_are_named_by_the_parameters_they_multiply() -> None:
         "grad/blocks/up", "grad/attn/out", "grad/attn/value+grad/attn/key+grad/attn/query"])
 
 
-def test_an_nnx_jit_step_is_refused_rather_than_run_without_its_update() -> None:
+def test_an_nnx_jit_step_runs_as_nnx_jit_runs_it() -> None:
     """The way Flax's guide writes a training step, `@nnx.jit` updating the model and optimizer in
-    place, handed to `overlap` as it would be to `nnx.jit`: under any jax jit those updates are
-    dropped (a plain `jax.jit` of it returns the loss and leaves the model as it was), so
-    `overlap` says so instead of running a step that never trains. Flax's functional form (the
-    factories here) is what it runs."""
+    place, handed to `overlap` as it would be to `nnx.jit`. Under a plain `jax.jit` those updates
+    are dropped (it returns the loss and leaves the model as it was); `overlap` splits the objects
+    into their state, compiles the step as a function of it and updates the objects after each call
+    (`autotuner.overlap.nnx`): with every pair forced to a ring, three steps give nnx.jit's losses
+    and parameters, and the plan has the backward's pairs too (the update is part of the program)."""
     import optax
     from flax import nnx
 
-    from autotuner.overlap import OverlapError, overlap
+    from autotuner import space
+    from autotuner.overlap import overlap
+    from autotuner.testing import relative_error
 
     mesh = meshes.data_model_mesh()
-    with jax.set_mesh(mesh):
-        model = flax_gpt.GPT(meshes.TINY, lambda x: x, nnx.Rngs(0))
-        optimizer = nnx.Optimizer(model, optax.adamw(1e-3), wrt=nnx.Param)
+
+    def build() -> tuple[flax_gpt.GPT, nnx.Optimizer]:
+        def constrain(x: jax.Array) -> jax.Array:
+            return jax.lax.with_sharding_constraint(x, jax.sharding.NamedSharding(mesh, flax_gpt.SEQUENCE))
+        with jax.set_mesh(mesh):
+            model = flax_gpt.GPT(meshes.TINY, constrain, nnx.Rngs(0))
+            return model, nnx.Optimizer(model, optax.adamw(1e-3), wrt=nnx.Param)
+
     tokens = meshes.tokens(mesh)
 
     @nnx.jit
@@ -141,8 +149,16 @@ def test_an_nnx_jit_step_is_refused_rather_than_run_without_its_update() -> None
         optimizer.update(model, grads)
         return loss
 
+    model, optimizer = build()
     first = float(jax.jit(step)(model, optimizer, tokens))
     assert float(step(model, optimizer, tokens)) == first   # plain jax.jit lost the update
-    with pytest.raises(OverlapError, match=r"in place \(args\[0\]\.blocks\[0\]\.attn\..*nnx\.split"):
-        overlap(step, strategy="baseline")(model, optimizer, tokens)
-    assert float(step(model, optimizer, tokens)) < first   # nnx.jit itself trains, untouched by the refusal
+
+    want, got = build(), build()
+    ov = overlap(step, strategy=lambda p: space(p)[1], memory=None)
+    plan = ov.plan(*got, tokens)
+    assert sum(r.applied for r in plan) == EXPECTED["train_step_sp"]["occurrences"] + 2 * L, "\n" + str(plan)
+    assert {r.name.split(" #")[0] for r in plan if r.applied} >= {"attn/query", "grad/blocks/up"}
+    losses = [(float(step(*want, tokens)), float(ov(*got, tokens))) for _ in range(3)]
+    assert all(abs(a - b) <= 1e-5 * abs(a) for a, b in losses) and losses[-1][0] < losses[0][0], losses
+    for a, b in zip(jax.tree.leaves(nnx.state(got[0])), jax.tree.leaves(nnx.state(want[0])), strict=True):
+        assert relative_error(a, b) <= 1e-3
