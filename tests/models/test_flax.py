@@ -162,3 +162,5 @@ def test_an_nnx_jit_step_runs_as_nnx_jit_runs_it() -> None:
     assert all(abs(a - b) <= 1e-5 * abs(a) for a, b in losses) and losses[-1][0] < losses[0][0], losses
     for a, b in zip(jax.tree.leaves(nnx.state(got[0])), jax.tree.leaves(nnx.state(want[0])), strict=True):
         assert relative_error(a, b) <= 1e-3
+    # one program of the objects' state, prepared once for the plan and the three calls
+    assert len(ov._nnx) == 1 and len(next(iter(ov._nnx.values()))._cache) == 1
