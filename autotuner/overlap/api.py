@@ -123,13 +123,27 @@ class OverlapError(AutotunerError, ValueError):
 def _leaf_key(x: Any) -> Any:
     shape, dtype = getattr(x, "shape", None), getattr(x, "dtype", None)
     if shape is not None and dtype is not None:
-        return ("array", tuple(shape), str(dtype), getattr(x, "sharding", None),
+        return ("array", tuple(shape), str(dtype), _layout_key(getattr(x, "sharding", None)),
                 bool(getattr(x, "weak_type", False)))
     try:
         hash(x)
         return ("value", type(x), x)
     except TypeError:
         return ("object", id(x))
+
+
+def _layout_key(sharding: Any) -> Any:
+    """A NamedSharding as the layout it is: a compiled step's outputs come back as P('model',) where
+    its inputs were P('model', None, None), and fed back (a training loop) they must not prepare the
+    step a second time. Trailing unsharded dimensions are dropped; other shardings are themselves."""
+    from jax.sharding import NamedSharding
+
+    if not isinstance(sharding, NamedSharding):
+        return sharding
+    spec = list(sharding.spec)
+    while spec and spec[-1] is None:
+        spec.pop()
+    return ("named", sharding.mesh, tuple(spec), sharding.memory_kind)
 
 
 def _mesh_of(args: Any, jit_kwargs: dict[str, Any]) -> Any:

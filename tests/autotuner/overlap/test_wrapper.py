@@ -122,3 +122,20 @@ def test_a_step_that_changes_its_arguments_in_place_is_refused_not_run_without_i
 
     new, _ = overlap(pure, strategy="baseline")({"w": w}, x)
     np.testing.assert_allclose(new["w"], jax.jit(pure)({"w": w}, x)[0]["w"], rtol=1e-6)
+
+
+def test_the_same_layout_spelled_without_its_trailing_dimensions_is_not_prepared_again() -> None:
+    """A compiled step's outputs can come back spelled without their trailing unsharded dimensions
+    (P('model',) for P('model', None, None): Flax NNX's kernels after an optimizer update,
+    tests/models/test_flax.py); a training loop that feeds them back must not prepare (analyse and
+    compile) the step a second time for the same layout."""
+    loss, (x, w), mesh = _program()
+    ov = overlap(loss, strategy="baseline")
+    want = ov(x, w)
+    respelled = jax.device_put(x, NamedSharding(mesh, P(None, "model")))
+    assert x.sharding.spec == P(None, "model", None) and respelled.sharding.spec == P(None, "model")
+    np.testing.assert_allclose(ov(respelled, w), want, rtol=1e-6)
+    assert len(ov._cache) == 1
+    other = jax.device_put(x, NamedSharding(mesh, P(None, None, "model")))   # another layout: prepared anew
+    np.testing.assert_allclose(ov(other, w), want, rtol=1e-5)
+    assert len(ov._cache) == 2
