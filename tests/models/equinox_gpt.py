@@ -33,12 +33,10 @@ from typing import Any
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import optax
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from . import meshes
-from .meshes import data_model_mesh
+from . import lm_steps, meshes
 
 SEQUENCE = P("data", "model", None)   # the residual stream's layout under sequence parallelism
 
@@ -106,54 +104,17 @@ def _layout(params: GPT, mesh: Mesh) -> Any:
     return out
 
 
-def build(mesh: Mesh, sp: bool, sz: meshes.Size = meshes.TINY) -> tuple[Any, Any]:
-    """(the model's arrays, placed on `mesh`; the rest of the model, static)."""
+def build(mesh: Mesh, sp: bool, sz: meshes.Size = meshes.TINY) -> tuple[lm_steps.Logits, Any]:
+    """(logits(params, tokens), the model's arrays placed on `mesh`); the rest of the model (static)
+    is combined in as a constant."""
     params, static = eqx.partition(GPT(sz, jax.random.key(0)), eqx.is_array)
-    return jax.device_put(params, _layout(params, mesh)), static
 
-
-def _logits(static: Any, mesh: Mesh, sp: bool) -> Callable[[Any, jax.Array], jax.Array]:
     def constrain(x: jax.Array) -> jax.Array:
         return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, SEQUENCE)) if sp else x
 
     def logits(params: Any, tokens: jax.Array) -> jax.Array:
         return eqx.combine(params, static)(tokens, constrain)
-    return logits
+    return logits, jax.device_put(params, _layout(params, mesh))
 
 
-def forward(mesh: Mesh | None = None, sp: bool = False, **size: int) -> tuple[Callable[..., Any], tuple[Any, ...]]:
-    """(jitted logits(params, tokens), its arguments) on a 2x2 (data, model) mesh; `size`:
-    `meshes.Size`'s fields."""
-    mesh, sz = data_model_mesh(mesh), meshes.size(**size)
-    params, static = build(mesh, sp, sz)
-    return jax.jit(_logits(static, mesh, sp)), (params, meshes.tokens(mesh, sz=sz))
-
-
-def train_step(mesh: Mesh | None = None, sp: bool = False,
-               **size: int) -> tuple[Callable[..., Any], tuple[Any, ...]]:
-    """(jitted step(params, opt_state, tokens) -> (params, opt_state, loss), its arguments)."""
-    mesh, sz = data_model_mesh(mesh), meshes.size(**size)
-    params, static = build(mesh, sp, sz)
-    logits = _logits(static, mesh, sp)
-    opt = optax.adamw(1e-3)
-
-    def loss_fn(params: Any, tokens: jax.Array) -> jax.Array:
-        logp = jax.nn.log_softmax(logits(params, tokens)[:, :-1], axis=-1)
-        return -jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1))
-
-    def step(params: Any, opt_state: Any, tokens: jax.Array) -> tuple[Any, Any, jax.Array]:
-        loss, grads = jax.value_and_grad(loss_fn)(params, tokens)
-        updates, opt_state = opt.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    return jax.jit(step), (params, jax.jit(opt.init)(params), meshes.tokens(mesh, sz=sz))
-
-
-def forward_sp(mesh: Mesh | None = None, **size: int) -> tuple[Callable[..., Any], tuple[Any, ...]]:
-    """`forward` with sequence parallelism."""
-    return forward(mesh, sp=True, **size)
-
-
-def train_step_sp(mesh: Mesh | None = None, **size: int) -> tuple[Callable[..., Any], tuple[Any, ...]]:
-    """`train_step` with sequence parallelism."""
-    return train_step(mesh, sp=True, **size)
+forward, train_step, forward_sp, train_step_sp = lm_steps.factories(build)

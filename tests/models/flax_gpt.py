@@ -30,14 +30,11 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
-import jax.numpy as jnp
-import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from . import meshes
-from .meshes import data_model_mesh
+from . import lm_steps, meshes
 
 SEQUENCE = P("data", "model", None)   # the residual stream's layout under sequence parallelism
 
@@ -82,56 +79,19 @@ class GPT(nnx.Module):
         return self.head(self.ln(x))
 
 
-def build(mesh: Mesh, sp: bool, sz: meshes.Size = meshes.TINY) -> tuple[Any, Any, Any]:
-    """(graphdef, the nnx.Param state, placed on `mesh` by its partitioning metadata, the rest of
-    the state: the attention's dropout RNG streams)."""
+def build(mesh: Mesh, sp: bool, sz: meshes.Size = meshes.TINY) -> tuple[lm_steps.Logits, Any]:
+    """(logits(params, tokens), the nnx.Param state, placed on `mesh` by its partitioning metadata);
+    the rest of the state (the attention's dropout RNG streams) is merged in as a constant."""
     def constrain(x: jax.Array) -> jax.Array:
         return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, SEQUENCE)) if sp else x
 
     with jax.set_mesh(mesh):   # Flax creates each annotated variable sharded (its eager sharding)
         model = GPT(sz, constrain, nnx.Rngs(0))
-    return nnx.split(model, nnx.Param, ...)
+    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
 
-
-def _logits(graphdef: Any, rest: Any) -> Callable[[Any, jax.Array], jax.Array]:
     def logits(params: Any, tokens: jax.Array) -> jax.Array:
         return nnx.merge(graphdef, params, rest)(tokens)
-    return logits
+    return logits, params
 
 
-def forward(mesh: Mesh | None = None, sp: bool = False, **size: int) -> tuple[Callable[..., Any], tuple[Any, ...]]:
-    """(jitted logits(params, tokens), its arguments) on a 2x2 (data, model) mesh; `size`:
-    `meshes.Size`'s fields."""
-    mesh, sz = data_model_mesh(mesh), meshes.size(**size)
-    graphdef, params, rest = build(mesh, sp, sz)
-    return jax.jit(_logits(graphdef, rest)), (params, meshes.tokens(mesh, sz=sz))
-
-
-def train_step(mesh: Mesh | None = None, sp: bool = False,
-               **size: int) -> tuple[Callable[..., Any], tuple[Any, ...]]:
-    """(jitted step(params, opt_state, tokens) -> (params, opt_state, loss), its arguments)."""
-    mesh, sz = data_model_mesh(mesh), meshes.size(**size)
-    graphdef, params, rest = build(mesh, sp, sz)
-    logits = _logits(graphdef, rest)
-    opt = optax.adamw(1e-3)
-
-    def loss_fn(params: Any, tokens: jax.Array) -> jax.Array:
-        logp = jax.nn.log_softmax(logits(params, tokens)[:, :-1], axis=-1)
-        return -jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1))
-
-    def step(params: Any, opt_state: Any, tokens: jax.Array) -> tuple[Any, Any, jax.Array]:
-        loss, grads = jax.value_and_grad(loss_fn)(params, tokens)
-        updates, opt_state = opt.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    return jax.jit(step), (params, jax.jit(opt.init)(params), meshes.tokens(mesh, sz=sz))
-
-
-def forward_sp(mesh: Mesh | None = None, **size: int) -> tuple[Callable[..., Any], tuple[Any, ...]]:
-    """`forward` with sequence parallelism."""
-    return forward(mesh, sp=True, **size)
-
-
-def train_step_sp(mesh: Mesh | None = None, **size: int) -> tuple[Callable[..., Any], tuple[Any, ...]]:
-    """`train_step` with sequence parallelism."""
-    return train_step(mesh, sp=True, **size)
+forward, train_step, forward_sp, train_step_sp = lm_steps.factories(build)

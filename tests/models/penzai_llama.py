@@ -22,7 +22,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import optax
 from jax.sharding import Mesh
 from penzai import pz
 from penzai.models.transformer import model_parts
@@ -30,7 +29,7 @@ from penzai.models.transformer.variants import gpt_neox
 from penzai.models.transformer.variants import llamalike_common as ll
 from penzai.toolshed import sharding_util
 
-from . import meshes
+from . import lm_steps, meshes
 from .meshes import data_model_mesh
 
 PARAM_AXES = {"heads": "model", "neurons": "model"}
@@ -99,19 +98,7 @@ def train_step(mesh: Mesh | None = None, sp: bool = False, dtype: str = "float32
     mesh = data_model_mesh(mesh)
     sz = meshes.size(**size)
     unbound, params = build(mesh, sp, sz, dtype, variant)
-    logits = _logits(unbound)
-    opt = optax.adamw(1e-3)
-
-    def loss_fn(params: Any, tokens: jax.Array) -> jax.Array:
-        logp = jax.nn.log_softmax(logits(params, tokens)[:, :-1], axis=-1)
-        return -jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1))
-
-    def step(params: Any, opt_state: Any, tokens: jax.Array) -> tuple[Any, Any, jax.Array]:
-        loss, grads = jax.value_and_grad(loss_fn)(params, tokens)
-        updates, opt_state = opt.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    return jax.jit(step), (params, jax.jit(opt.init)(params), meshes.tokens(mesh, sz=sz))
+    return lm_steps.adamw_step(_logits(unbound), params, mesh, sz)
 
 
 def forward_sp(mesh: Mesh | None = None) -> tuple[Callable[..., Any], tuple[Any, ...]]:

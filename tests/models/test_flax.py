@@ -45,7 +45,7 @@ from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from autotuner.hlo import extract_report  # noqa: E402
 
-from . import flax_gpt, meshes  # noqa: E402
+from . import flax_gpt, lm_steps, meshes  # noqa: E402
 from .counts import problem_dims, sequence_collectives, summary  # noqa: E402
 from .meshes import LAYERS as L  # noqa: E402
 
@@ -142,10 +142,7 @@ def test_an_nnx_jit_step_runs_as_nnx_jit_runs_it() -> None:
 
     @nnx.jit
     def step(model: flax_gpt.GPT, optimizer: nnx.Optimizer, tokens: jax.Array) -> jax.Array:
-        def loss_fn(model: flax_gpt.GPT) -> jax.Array:
-            logp = jax.nn.log_softmax(model(tokens)[:, :-1], axis=-1)
-            return -jnp.mean(jnp.take_along_axis(logp, tokens[:, 1:, None], axis=-1))
-        loss, grads = nnx.value_and_grad(loss_fn)(model)
+        loss, grads = nnx.value_and_grad(lambda model: lm_steps.next_token_loss(model(tokens), tokens))(model)
         optimizer.update(model, grads)
         return loss
 
