@@ -113,10 +113,12 @@ def dot_label(op_name: str, arguments: Sequence[str] = ()) -> str:
     arguments among its operands and its forward dot's, '' for the others, `HloModule.arguments`):
     then that argument's path names it, the deepest path where several are (a model's weight, not
     the input `x`), the later one on a tie (`x @ w`)."""
-    scopes = max((argument_scopes(a) for a in reversed(arguments)), key=len, default=[])   # ties: the later
     backward, path, eqs = op_path(op_name)
-    if not scopes or eqs or any("." not in c and not c.startswith("__overlap") for c in path):
+    if eqs or any("." not in c and not c.startswith("__overlap") for c in path):
         return op_name   # a scope names it (penzai's positions too), or its einsum does
+    scopes = max((argument_scopes(a) for a in reversed(arguments)), key=len, default=[])   # ties: the later
+    if not scopes:
+        return op_name
     return "/".join(["transpose()" if backward else "", *scopes, "dot_general"]).lstrip("/")
 
 
