@@ -132,6 +132,7 @@ def _leaf_key(x: Any) -> Any:
         return ("object", id(x))
 
 
+@functools.lru_cache(maxsize=1024)   # a step's leaves share a few shardings: each is normalized once
 def _layout_key(sharding: Any) -> Any:
     """A NamedSharding as the layout it is: a compiled step's outputs come back as P('model',) where
     its inputs were P('model', None, None), and fed back (a training loop) they must not prepare the
