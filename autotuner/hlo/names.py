@@ -14,6 +14,10 @@ from collections.abc import Sequence
 _PRIMITIVES = {"dot_general", "dot", "einsum", "matmul", "tensordot", "conv_general_dilated"}
 _WRAPPER = re.compile(r"^(?:jvp|transpose|vmap|remat|checkpoint|custom_jvp_call|custom_vjp_call|pjit|jit|"
                       r"named_call|cond|while|scan|body|branch_\d+_fun)\((.*)\)$")
+# the same transformations as bare scopes, which name no layer: a scanned layer's dot is
+# `while/body/closed_call/dot_general` (`jax.lax.scan`'s loop body, called as Flax's `nnx.scan` calls it)
+_BARE = re.compile(r"^(?:while|body|cond|scan|closed_call|core_call|remat|checkpoint|rematted_computation|"
+                   r"branch_\d+_fun)$")
 
 
 def _component(c: str) -> str:
@@ -27,7 +31,8 @@ def _component(c: str) -> str:
 
 def op_path(op_name: str) -> tuple[bool, list[str], list[str]]:
     """(backward, the name stack's scopes, its einsum equations) of a dot's op_name: the jit
-    wrapper, transformation wrappers and the primitive itself left out; backward when the dot
+    wrapper, transformations (wrapping a scope, or bare: `_BARE`) and the primitive itself left
+    out; backward when the dot
     comes from a transpose (the gradient of a forward op)."""
     parts = [p for p in _top_level(op_name) if p]
     backward = "transpose(" in op_name
@@ -40,7 +45,7 @@ def op_path(op_name: str) -> tuple[bool, list[str], list[str]]:
             c = _component(c)
             if "->" in c and "," in c:
                 eqs.append(c)
-            elif c and c not in _PRIMITIVES:
+            elif c and c not in _PRIMITIVES and not _BARE.match(c):
                 out.append(c)
     return backward, out, eqs
 

@@ -101,8 +101,52 @@ class HloModule:
     def _operand_arguments(self, dot: Instr) -> list[str]:
         out = []
         for o in dot.operands:
-            src = self.source(o)
-            out.append(src.op_name if src is not None and src.opcode == "parameter" else "")
+            src = self.argument(o)
+            out.append(src.op_name if src is not None else "")
+        return out
+
+    def argument(self, name: str) -> Instr | None:
+        """The program parameter `name` is, None where it is computed: followed up relayouts
+        (`PASS_THROUGH`), slices (a scanned layer's weights are one slice of a stacked argument per
+        iteration) and a while loop's state that its body passes on unchanged (where a scan keeps
+        its stacked arguments) to the loop's initial value."""
+        cur = self.op(name)
+        for _ in range(len(self.order)):
+            if cur is None or cur.opcode == "parameter" and cur.computation not in self._loops:
+                return cur
+            if cur.opcode in PASS_THROUGH or cur.opcode == "dynamic-slice":
+                cur = self.op(cur.operands[0]) if cur.operands else None
+            elif cur.opcode == "get-tuple-element" and cur.operands:
+                cur = self._loop_input(cur)
+            else:
+                return None
+        return None
+
+    def _loop_input(self, gte: Instr) -> Instr | None:
+        """What a while body's element of its state (`gte`, of the body's parameter) is on entry to
+        the loop, where every iteration passes it on unchanged; None otherwise."""
+        param = self.op(gte.operands[0])
+        loop = self._loops.get(param.computation) if param is not None and param.opcode == "parameter" else None
+        k = gte.attr_ints("index")
+        if loop is None or len(k) != 1 or not loop.operands:
+            return None
+        body = self.computations.get(param.computation, [])
+        root = self.op(body[-1]) if body else None
+        out = self.op(root.operands[k[0]]) if root is not None and root.opcode == "tuple" and k[0] < len(root.operands) else None
+        if out is None or out.opcode != "get-tuple-element" or out.operands[:1] != [param.name] \
+                or out.attr_ints("index") != k:
+            return None   # carried: changed by the loop
+        init = self.op(loop.operands[0])
+        return self.op(init.operands[k[0]]) if init is not None and init.opcode == "tuple" and k[0] < len(init.operands) else None
+
+    @functools.cached_property
+    def _loops(self) -> dict[str, Instr]:
+        """Each while loop's body computation -> the loop."""
+        out = {}
+        for n in self.order:
+            ins = self.instrs[n]
+            if ins.opcode == "while":
+                out[ins.attrs.get("body", "").lstrip("%")] = ins
         return out
 
     @functools.cached_property

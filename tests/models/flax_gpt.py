@@ -19,6 +19,10 @@ noise that no comparison with plain jit can check). Sequence parallelism (the `_
 factories): the residual stream after the embedding and after each sublayer is constrained to
 (batch over data, seq over model).
 
+The `_scan_sp` factories build the same model with its blocks scanned the way Flax's `nnx.scan`
+docs do it (parameters stacked on a leading unsharded axis by `nnx.vmap` under `nnx.split_rngs`,
+the blocks run by `nnx.scan`), sequence parallel.
+
 The programs are pure functions of the model's `nnx.Param` state (`nnx.split` / `nnx.merge`, Flax's
 functional API): `forward` the logits, `train_step` `jax.value_and_grad` of the next-token cross
 entropy plus an `optax.adamw` update of every parameter.
@@ -26,6 +30,7 @@ entropy plus an `optax.adamw` update of every parameter.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -64,29 +69,44 @@ class Block(nnx.Module):
 
 
 class GPT(nnx.Module):
-    def __init__(self, sz: meshes.Size, constrain: Callable[[jax.Array], jax.Array], rngs: nnx.Rngs):
-        self.constrain = constrain
+    def __init__(self, sz: meshes.Size, constrain: Callable[[jax.Array], jax.Array], rngs: nnx.Rngs,
+                 scan: bool = False):
+        self.constrain, self.scan = constrain, scan
         self.embed = nnx.Embed(sz.vocab, sz.hidden, rngs=rngs)
-        self.blocks = nnx.List([Block(sz, constrain, rngs) for _ in range(sz.layers)])
+        if scan:   # the blocks' parameters stacked on a leading, unsharded layer axis
+            @nnx.split_rngs(splits=sz.layers)
+            @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: None})
+            def create(rngs: nnx.Rngs) -> Block:
+                return Block(sz, constrain, rngs)
+            self.blocks = create(rngs)
+        else:
+            self.blocks = nnx.List([Block(sz, constrain, rngs) for _ in range(sz.layers)])
         self.ln = nnx.LayerNorm(sz.hidden, rngs=rngs)
         self.head = nnx.Linear(sz.hidden, sz.vocab, use_bias=False, rngs=rngs)
 
     def __call__(self, tokens: jax.Array) -> jax.Array:
         x = self.constrain(self.embed(tokens))
         mask = nnx.make_causal_mask(tokens)
-        for block in self.blocks:
-            x = block(x, mask)
+        if self.scan:
+            @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
+            def run(x: jax.Array, block: Block) -> jax.Array:
+                return block(x, mask)
+            x = run(x, self.blocks)
+        else:
+            for block in self.blocks:
+                x = block(x, mask)
         return self.head(self.ln(x))
 
 
-def build(mesh: Mesh, sp: bool, sz: meshes.Size = meshes.TINY) -> tuple[lm_steps.Logits, Any]:
+def build(mesh: Mesh, sp: bool, sz: meshes.Size = meshes.TINY, scan: bool = False) -> tuple[lm_steps.Logits, Any]:
     """(logits(params, tokens), the nnx.Param state, placed on `mesh` by its partitioning metadata);
-    the rest of the state (the attention's dropout RNG streams) is merged in as a constant."""
+    the rest of the state (the attention's dropout RNG streams) is merged in as a constant.
+    `scan`: the blocks run as Flax's `nnx.scan` over their stacked parameters."""
     def constrain(x: jax.Array) -> jax.Array:
         return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, SEQUENCE)) if sp else x
 
     with jax.set_mesh(mesh):   # Flax creates each annotated variable sharded (its eager sharding)
-        model = GPT(sz, constrain, nnx.Rngs(0))
+        model = GPT(sz, constrain, nnx.Rngs(0), scan)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
 
     def logits(params: Any, tokens: jax.Array) -> jax.Array:
@@ -95,3 +115,6 @@ def build(mesh: Mesh, sp: bool, sz: meshes.Size = meshes.TINY) -> tuple[lm_steps
 
 
 forward, train_step, forward_sp, train_step_sp = lm_steps.factories(build)
+# the same model with its blocks scanned (`nnx.scan`), sequence parallel: what a deep model does to
+# compile one block instead of L
+_, _, forward_scan_sp, train_step_scan_sp = lm_steps.factories(functools.partial(build, scan=True))

@@ -65,6 +65,13 @@ EXPECTED = {
                       "patterns": {QKV: L, AG: L + 2 * L, RS: 2 * L + 4 * L},
                       "skipped": {DATA: 6 * L, WHOLE: 6 * L + 1}},
 }
+# The blocks scanned (`nnx.scan`): one loop body holds one block's dots, so extraction finds each
+# pair once, runs it L times (the loop's trip count: the same occurrences and patterns as above)
+# and skips one block's weight gradients; the LM head's stays outside the loop.
+EXPECTED |= {
+    "forward_scan_sp": {**EXPECTED["forward_sp"], "pairs": 6},
+    "train_step_scan_sp": {**EXPECTED["train_step_sp"], "pairs": 6 + 6 + 6, "skipped": {DATA: 6, WHOLE: 6 + 1}},
+}
 
 
 @pytest.mark.parametrize("factory", list(EXPECTED))
@@ -113,6 +120,39 @@ def test_problems_are_named_by_the_parameters_they_multiply() -> None:
     assert sorted(report.names) == sorted([
         "attn/value+attn/query+attn/key", "attn/out", "blocks/up", "blocks/down", "grad/blocks/down",
         "grad/blocks/up", "grad/attn/out", "grad/attn/value+grad/attn/key+grad/attn/query"])
+
+
+def test_scanned_blocks_keep_their_names_and_every_pair_decomposes() -> None:
+    """With the blocks scanned, every dot runs in a loop body (op_name `jvp()/while/body/closed_call/
+    dot_general`, `nnx.scan`'s call) and multiplies one slice of a stacked parameter carried through
+    the loop: the problems keep the unrolled step's names (the stacked argument's path,
+    `HloModule.argument`). Every mapped pair forced to its first ring matches plain jit and none is
+    left; what stays are the backward loop's weight-gradient gathers (two pairs, unmapped: they
+    contract the data-sharded batch too), which the forward rings cannot serve across the loops,
+    unlike the unrolled step's kept gathers."""
+    import re
+
+    from autotuner import space
+    from autotuner.overlap import overlap
+    from autotuner.testing import STEP_FACTOR, TOLERANCE, relative_error
+
+    fn, args = flax_gpt.train_step_scan_sp()
+    report = extract_report(fn, *args)
+    assert sorted(report.names) == sorted([
+        "attn/value+attn/query+attn/key", "attn/out", "blocks/up", "blocks/down", "grad/blocks/down",
+        "grad/blocks/up", "grad/attn/out", "grad/attn/value+grad/attn/key+grad/attn/query"])
+    want = fn(*args)
+    ov = overlap(fn, strategy=lambda p: space(p)[1], memory=None)
+    plan = ov.plan(*args)
+    applied = [r for r in plan if r.applied]
+    assert applied == [r for r in plan if r.problem is not None and r.source != "unmapped"], "\n" + str(plan)
+    assert sum(r.count for r in applied) == 12 * L and {r.count for r in applied} == {L}, "\n" + str(plan)
+    assert {r.name.split(" #")[0] for r in applied} >= {"attn/query", "grad/blocks/up"}, "\n" + str(plan)
+    for a, b in zip(jax.tree.leaves(ov(*args)), jax.tree.leaves(want), strict=True):
+        assert relative_error(a, b) <= TOLERANCE["float32"] * STEP_FACTOR
+    left = re.findall(r"= f32\[[^\]]*\]\S* all-gather(?:-start)?\(", ov.lower(*args).compile().as_text())
+    assert len(left) == 2, left
+    assert extract_report(ov, *args).problems == []
 
 
 def test_an_nnx_jit_step_runs_as_nnx_jit_runs_it() -> None:

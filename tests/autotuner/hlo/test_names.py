@@ -32,6 +32,10 @@ from autotuner.hlo.names import argument_scopes, dot_label, problem_names, short
     # no named scope: the einsum itself; the pass's own scope is not part of the name
     ("jit(step)/jvp(bsd,df->bsf)/dot_general", "bsd,df->bsf"),
     ("jit(step)/transpose(jvp(bsd,df->bsf))/__overlap3_1_0__/dot_general", "grad/bsd,df->bsf"),
+    # a scanned layer's loop body (Flax's nnx.scan calls it: closed_call) names no layer; its
+    # scopes do where it has them
+    ("jit(step)/jvp()/while/body/closed_call/dot_general", "dot"),
+    ("jit(step)/transpose(jvp(llama_backbone))/while/body/decoder_layer/mlp/up/dot_general", "grad/mlp/up"),
 ])
 def test_short_name(op_name: str, name: str) -> None:
     assert short_name(op_name) == name
@@ -104,3 +108,34 @@ def test_the_partitioned_module_says_which_argument_each_dot_multiplies() -> Non
     mod = parse_hlo(post)
     names = {short_name(dot_label(d.op_name, mod.arguments(d))) for d in mod.instrs.values() if d.opcode == "dot"}
     assert names == {"mlp/up", "mlp/down", "grad/mlp/up", "grad/mlp/down"}
+
+
+def test_a_scanned_dot_is_named_by_the_stacked_argument_its_loop_slices() -> None:
+    """A scan over stacked weights multiplies one slice per iteration of the argument the loop
+    carries unchanged: its path names the dot (and the gradient's). A value the loop changes (the
+    carry, here initialized from the argument `x`) is not that argument after the first iteration:
+    it names nothing."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import AxisType, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from autotuner.hlo.compile import partitioned_hlo
+    from autotuner.hlo.text import parse_hlo
+
+    mesh = jax.make_mesh((2,), ("data",), axis_types=(AxisType.Auto,), devices=jax.devices()[:2])
+
+    def loss(params, x):
+        def layer(h, w):
+            return jnp.tanh(h @ w["up"]) + h @ h.T, None   # h: carried, changed each iteration
+        h, _ = jax.lax.scan(layer, x, params["mlp"])
+        return jnp.sum(h)
+
+    params = {"mlp": {"up": jnp.ones((3, 4, 4))}}
+    x = jax.device_put(jnp.ones((4, 4)), NamedSharding(mesh, P("data", None)))
+    _, post, parts = partitioned_hlo(jax.jit(jax.value_and_grad(loss)), params, x)
+    assert parts == 2
+    mod = parse_hlo(post)
+    names = [short_name(dot_label(d.op_name, mod.arguments(d))) for d in mod.instrs.values() if d.opcode == "dot"]
+    assert {"mlp/up", "grad/mlp/up"} <= set(names), names
+    assert set(names) - {"mlp/up", "grad/mlp/up"} == {"dot", "grad/dot"}, names   # h @ h.T: not `x`
