@@ -165,6 +165,26 @@ def multiplicity(mod: HloModule) -> dict[str, int]:
     return {c: mult(c) for c in mod.computations}
 
 
+def in_loops(mod: HloModule) -> set[str]:
+    """Computations that run inside a while loop: its bodies, and every computation they call."""
+    bodies = [c for n in mod.order if mod.instrs[n].opcode == "while" for c in _callees(mod.instrs[n], ("body",))]
+    return _reachable(mod, bodies)
+
+
+def _reachable(mod: HloModule, todo: list[str], out: set[str] | None = None) -> set[str]:
+    """`out` with the computations `todo` and every computation they call, loops' bodies and
+    conditions too (not through those already in `out`)."""
+    out = set() if out is None else out
+    while todo:
+        c = todo.pop()
+        if c in out or c not in mod.computations:
+            continue
+        out.add(c)
+        for n in mod.computations[c]:
+            todo.extend(_callees(mod.instrs[n], (*_CALLS, "body", "condition")))
+    return out
+
+
 # What XLA's Shardy export names a shard_map body it has not inlined yet (XLA:TPU keeps them as
 # calls through its partitioner: `xla.sdy.inlinable_manual_computation_body.N`, `..._spmd` after it)
 _MANUAL_BODY = "inlinable_manual_computation_body"
@@ -174,20 +194,13 @@ def manual_computations(mod: HloModule) -> set[str]:
     """Computations whose dots run on manually partitioned (shard_map) values: those holding a
     shard_map's entry (`SPMDFullToShardShape`), the shard_map bodies XLA calls rather than inlines
     (a call laid out manual, or to a body so named), and every computation they call."""
-    out, todo = set(), []
+    entries, todo = set(), []
     for n in mod.order:
         ins = mod.instrs[n]
         if ins.opcode == "custom-call" and "SPMDFullToShardShape" in ins.attrs.get("custom_call_target", ""):
-            out.add(ins.computation)
+            entries.add(ins.computation)
         elif ins.opcode == "call":
             callee = _callees(ins, ("to_apply",))
             if any(_MANUAL_BODY in c for c in callee) or ins.attrs.get("sharding", "").strip("{}") == "manual":
                 todo.extend(callee)
-    while todo:
-        c = todo.pop()
-        if c in out or c not in mod.computations:
-            continue
-        out.add(c)
-        for n in mod.computations[c]:
-            todo.extend(_callees(mod.instrs[n], (*_CALLS, "body", "condition")))
-    return out
+    return _reachable(mod, todo, entries)

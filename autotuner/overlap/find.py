@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from autotuner.hlo.compile import keep_json
-from autotuner.hlo.evaluate import manual_computations, multiplicity
+from autotuner.hlo.evaluate import in_loops, manual_computations, multiplicity
 from autotuner.hlo.group_pairs import group_units
 from autotuner.hlo.names import dot_label, short_name
 from autotuner.hlo.pairs import Pair, find_pairs
@@ -48,6 +48,7 @@ class Site:
     tags: tuple[str, ...] = ()          # the group's dots, in member order
     infos: tuple[DotInfo, ...] = ()
     swapped: bool = False   # the traced dot reads the Problem's operands in the other order
+    in_loop: bool = False   # the dot runs in a while loop's body (a scanned layer's)
 
     @property
     def unit(self) -> Problem | GroupedProblem:
@@ -193,7 +194,7 @@ def find_sites(pre_text: str, post_text: str, parts: int, tagger: Interpreter, m
     if post.num_partitions != info.size:
         raise ExtractError(f"the module runs on {post.num_partitions} partitions but the mesh "
                            f"{info.as_dict()} has {info.size} devices")
-    times, manual = multiplicity(post), manual_computations(post)
+    times, manual, looped = multiplicity(post), manual_computations(post), in_loops(post)
     notes = [f"equation {path}: {why}" for path, why in tagger.failed.items()]
     found = find_pairs(post, info, [])
     if all(_ident(p) in seen or (p.dot.computation in manual and tagger.actions) for p in found):
@@ -234,7 +235,8 @@ def find_sites(pre_text: str, post_text: str, parts: int, tagger: Interpreter, m
         assert problem is not None and dot is not None and tag is not None
         mapped_tags.add(tag)
         sites.append(Site(tag, problem, dot, other_users(post, pair),
-                          pair.collective.name if pair.kind == "all_gather" else "", swapped=swapped))
+                          pair.collective.name if pair.kind == "all_gather" else "", swapped=swapped,
+                          in_loop=pair.dot.computation in looped))
         rows.append(_row(name, where, pair.form, problem, "", n, ""))
         pairs.append((pair, len(sites) - 1))
     sites, rows = _grouped(sites, rows, pairs)
@@ -288,7 +290,7 @@ def _grouped(sites: list[Site | None], rows: list[PlanRow], pairs: list[tuple[Pa
 
 # -- kept beside the partitioned texts ----------------------------------------------------------------
 
-FOUND_FORMAT = 2   # 2: a site says whether its dot's operands are swapped
+FOUND_FORMAT = 3   # 2: a site says whether its dot's operands are swapped; 3: whether it runs in a loop
 _FINDER = ("autotuner.overlap.find", "autotuner.hlo.text", "autotuner.hlo.pairs", "autotuner.hlo.problems",
            "autotuner.hlo.group_pairs", "autotuner.hlo.evaluate", "autotuner.hlo.shardings", "autotuner.hlo.names")
 
@@ -343,7 +345,7 @@ def _store_found(path: str, found: Found, added: list[str]) -> None:
     doc = {"added": added, "notes": found.notes,
            "sites": [None if s is None else {"tag": s.tag, "problem": s.problem.to_dict(), "other_users": s.other_users,
                                              "collective": s.collective, "group": unit(s.group), "tags": list(s.tags),
-                                             "swapped": s.swapped}
+                                             "swapped": s.swapped, "in_loop": s.in_loop}
                      for s in found.sites],
            "rows": [{"name": r.name, "where": r.where, "form": r.form, "problem": unit(r.problem), "source": r.source,
                      "count": r.count, "note": r.note, "member": r.member} for r in found.rows]}
@@ -366,7 +368,7 @@ def _load_found(path: str, tagger: Interpreter) -> tuple[Found, list[str]] | Non
             tags = tuple(d["tags"])
             sites.append(Site(d["tag"], Problem.from_dict(d["problem"]), infos[d["tag"]], int(d["other_users"]),
                               str(d["collective"]), unit(d["group"]), tags, tuple(infos[t] for t in tags),
-                              bool(d["swapped"])))
+                              bool(d["swapped"]), bool(d["in_loop"])))
         rows = [PlanRow(str(d["name"]), str(d["where"]), str(d["form"]), unit(d["problem"]), Strategy.baseline(),
                         str(d["source"]), None, int(d["count"]), str(d["note"]), d["member"]) for d in doc["rows"]]
         return Found(sites, rows, [str(n) for n in doc["notes"]]), [str(a) for a in doc["added"]]

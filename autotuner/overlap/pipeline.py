@@ -308,7 +308,8 @@ class Build:
         plain_temp = self.plain_memory()
         if plain_temp is None:
             return
-        self.shed.update(fit(self.actions, self.speedups(), int(plain_temp * bound), bound))
+        looped = frozenset(t for t, site in self.sites.items() if site.in_loop)
+        self.shed.update(fit(self.actions, self.speedups(), int(plain_temp * bound), bound, looped))
 
     def speedups(self) -> dict[str, float | None]:
         """Each tagged pair's predicted speedup (what shedding weighs a ring by)."""

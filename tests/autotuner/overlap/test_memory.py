@@ -132,6 +132,11 @@ def test_the_prediction_sheds_rings_before_the_compile() -> None:
     # believed, nothing shed
     assert M.fit(acts, {}, 10 * kib, 0.05) == {} and set(acts) == {"a", "b"}
     assert set(M.fit(acts, {}, 100 * kib, 0.05)) == {"b"} and acts["a"].keep   # a's charge is nothing
+    # a ring in a loop's body is not charged (nor shed) before the compile: the others are
+    acts = {t: Action(problem(f), first_ring(problem(f))) for t, f in (("b", 1024), ("c", 512))}
+    assert M.fit(dict(acts), {}, 500 * kib, 0.05, looped=frozenset({"b", "c"})) == {}
+    assert set(M.fit(acts, {"b": 1.5, "c": 1.1}, 500 * kib, 0.05, looped=frozenset({"b"}))) == set() and set(acts) == {"b", "c"}
+    assert set(M.fit(acts, {"b": 1.5, "c": 1.1}, 400 * kib, 0.05, looped=frozenset({"b"}))) == {"c"}
 
 
 def test_a_missed_prediction_runs_the_whole_step_as_plain_jit(step: Any, monkeypatch: pytest.MonkeyPatch) -> None:
