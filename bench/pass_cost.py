@@ -8,6 +8,9 @@ step's temp memory, plain vs overlapped. Two models of the test extra and the bu
 - `penzai-neox`: penzai's GPT-NeoX (tests/models/penzai_llama.py, variant gpt_neox), sequence
   parallel on a 1x2 mesh of 2 devices, batch 4 x sequence 256, embedding 256: there the forced
   rings grow temp memory by +20-24%, so the bound sheds most of them (`overlap.memory.fit`);
+- `flax-scan`: a GPT of Flax NNX's layers with its blocks scanned (`nnx.scan`, tests/models/flax_gpt.py
+  `train_step_scan_sp`), sequence parallel on the 2x2 mesh, the README's bench size (hidden 512,
+  MLP 1024, batch 2 x sequence 192): a deep model written to compile one block, whatever its depth;
 - `example`: the built-in example's training step (autotuner/examples/transformer.py) on a 4-way
   model axis of 4 devices, whose kept gathers and rings grow temp memory by +16-23%.
 
@@ -81,7 +84,7 @@ def _compile_events(lowered: object) -> dict[str, float]:
     return dict(tot)
 
 
-MODELS = ("keras-llama", "penzai-neox", "example")
+MODELS = ("keras-llama", "penzai-neox", "flax-scan", "example")
 
 
 def _step(model: str, layers: int) -> tuple[object, tuple[object, ...]]:
@@ -93,6 +96,10 @@ def _step(model: str, layers: int) -> tuple[object, tuple[object, ...]]:
         from autotuner.examples import transformer
 
         return transformer.train_step(layers=layers)
+    if model == "flax-scan":
+        from tests.models import flax_gpt, meshes
+
+        return flax_gpt.train_step_scan_sp(layers=layers, **meshes.BENCH)
     if model == "penzai-neox":
         from tests.models import penzai_llama
 
