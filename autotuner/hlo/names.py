@@ -115,9 +115,9 @@ def dot_label(op_name: str, arguments: Sequence[str] = ()) -> str:
     """The op_name a dot is named by (`short_name`): its own, unless its name stack names no layer
     (no scope, or only classes: Equinox scopes each call by its module's class, `eqx.nn.Linear`)
     and no einsum, and it multiplies a program argument (`arguments`: the op_names of the
-    arguments among its operands and its forward dot's, '' for the others, `HloModule.arguments`):
+    arguments among its forward dot's operands and its own, '' for the others, `HloModule.arguments`):
     then that argument's path names it, the deepest path where several are (a model's weight, not
-    the input `x`), the later one on a tie (`x @ w`)."""
+    the input `x`), the later one on a tie (`x @ w`; its own over its forward dot's)."""
     backward, path, eqs = op_path(op_name)
     if eqs or any("." not in c and not c.startswith("__overlap") for c in path):
         return op_name   # a scope names it (penzai's positions too), or its einsum does

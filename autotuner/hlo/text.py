@@ -92,11 +92,13 @@ class HloModule:
         return cur
 
     def arguments(self, dot: Instr) -> list[str]:
-        """Per operand of `dot`, the op_name of the program argument it is (a parameter, through
-        relayouts), where JAX wrote the argument's path, else ''; then those of the first dot from
-        the same source line (`stack_frame`: the forward dot that a weight's gradient, whose
-        operands are computed values or the input, is the transpose of)."""
-        return self._operand_arguments(dot) + self._frame_arguments.get(dot.stack_frame, [])
+        """The op_names of the program arguments `dot` multiplies, where JAX wrote their paths, ''
+        for the others: first those of the first dot from the same source line (`stack_frame`: the
+        forward dot that a weight's gradient, whose operands are computed values or the input, is
+        the transpose of), then per operand of `dot` the argument it is (`argument`), last, so that
+        of two paths alike its own wins (`names.dot_label`: a line that multiplies several weights
+        in a loop has one stack frame)."""
+        return self._frame_arguments.get(dot.stack_frame, []) + self._operand_arguments(dot)
 
     def _operand_arguments(self, dot: Instr) -> list[str]:
         out = []
@@ -117,10 +119,21 @@ class HloModule:
             if cur.opcode in PASS_THROUGH or cur.opcode == "dynamic-slice":
                 cur = self.op(cur.operands[0]) if cur.operands else None
             elif cur.opcode == "get-tuple-element" and cur.operands:
-                cur = self._loop_input(cur)
+                cur = self._element(cur)
             else:
                 return None
         return None
+
+    def _element(self, gte: Instr) -> Instr | None:
+        """The value a get-tuple-element takes: the element of a tuple, through optimization
+        barriers (what remat puts around a rematerialized computation's inputs), else of a loop
+        body's state (`_loop_input`)."""
+        src, k = self.op(gte.operands[0]), gte.attr_ints("index")
+        while src is not None and src.opcode == "opt-barrier" and src.operands:
+            src = self.op(src.operands[0])
+        if src is not None and src.opcode == "tuple" and len(k) == 1 and k[0] < len(src.operands):
+            return self.op(src.operands[k[0]])
+        return self._loop_input(gte) if src is not None and src.opcode == "parameter" and src.name == gte.operands[0] else None
 
     def _loop_input(self, gte: Instr) -> Instr | None:
         """What a while body's element of its state (`gte`, of the body's parameter) is on entry to

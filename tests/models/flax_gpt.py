@@ -21,7 +21,8 @@ factories): the residual stream after the embedding and after each sublayer is c
 
 The `_scan_sp` factories build the same model with its blocks scanned the way Flax's `nnx.scan`
 docs do it (parameters stacked on a leading unsharded axis by `nnx.vmap` under `nnx.split_rngs`,
-the blocks run by `nnx.scan`), sequence parallel.
+the blocks run by `nnx.scan`), sequence parallel; `train_step_scan_remat_sp` with each block under
+`nnx.remat` too.
 
 The programs are pure functions of the model's `nnx.Param` state (`nnx.split` / `nnx.merge`, Flax's
 functional API): `forward` the logits, `train_step` `jax.value_and_grad` of the next-token cross
@@ -70,8 +71,8 @@ class Block(nnx.Module):
 
 class GPT(nnx.Module):
     def __init__(self, sz: meshes.Size, constrain: Callable[[jax.Array], jax.Array], rngs: nnx.Rngs,
-                 scan: bool = False):
-        self.constrain, self.scan = constrain, scan
+                 scan: bool = False, remat: bool = False):
+        self.constrain, self.scan, self.remat = constrain, scan, remat
         self.embed = nnx.Embed(sz.vocab, sz.hidden, rngs=rngs)
         if scan:   # the blocks' parameters stacked on a leading, unsharded layer axis
             @nnx.split_rngs(splits=sz.layers)
@@ -88,25 +89,26 @@ class GPT(nnx.Module):
         x = self.constrain(self.embed(tokens))
         mask = nnx.make_causal_mask(tokens)
         if self.scan:
-            @nnx.scan(in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)
             def run(x: jax.Array, block: Block) -> jax.Array:
                 return block(x, mask)
-            x = run(x, self.blocks)
+            x = nnx.scan(nnx.remat(run) if self.remat else run, in_axes=(nnx.Carry, 0), out_axes=nnx.Carry)(x, self.blocks)
         else:
             for block in self.blocks:
                 x = block(x, mask)
         return self.head(self.ln(x))
 
 
-def build(mesh: Mesh, sp: bool, sz: meshes.Size = meshes.TINY, scan: bool = False) -> tuple[lm_steps.Logits, Any]:
+def build(mesh: Mesh, sp: bool, sz: meshes.Size = meshes.TINY, scan: bool = False,
+          remat: bool = False) -> tuple[lm_steps.Logits, Any]:
     """(logits(params, tokens), the nnx.Param state, placed on `mesh` by its partitioning metadata);
     the rest of the state (the attention's dropout RNG streams) is merged in as a constant.
-    `scan`: the blocks run as Flax's `nnx.scan` over their stacked parameters."""
+    `scan`: the blocks run as Flax's `nnx.scan` over their stacked parameters; `remat`: each
+    scanned block under `nnx.remat` (its forward recomputed in the backward loop)."""
     def constrain(x: jax.Array) -> jax.Array:
         return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, SEQUENCE)) if sp else x
 
     with jax.set_mesh(mesh):   # Flax creates each annotated variable sharded (its eager sharding)
-        model = GPT(sz, constrain, nnx.Rngs(0), scan)
+        model = GPT(sz, constrain, nnx.Rngs(0), scan, remat)
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
 
     def logits(params: Any, tokens: jax.Array) -> jax.Array:
@@ -118,3 +120,5 @@ forward, train_step, forward_sp, train_step_sp = lm_steps.factories(build)
 # the same model with its blocks scanned (`nnx.scan`), sequence parallel: what a deep model does to
 # compile one block instead of L
 _, _, forward_scan_sp, train_step_scan_sp = lm_steps.factories(functools.partial(build, scan=True))
+# and each scanned block rematerialized (`nnx.remat`), as deep models trade compute for memory
+train_step_scan_remat_sp = lm_steps.factories(functools.partial(build, scan=True, remat=True))[3]

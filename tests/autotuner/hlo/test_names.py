@@ -110,11 +110,16 @@ def test_the_partitioned_module_says_which_argument_each_dot_multiplies() -> Non
     assert names == {"mlp/up", "mlp/down", "grad/mlp/up", "grad/mlp/down"}
 
 
-def test_a_scanned_dot_is_named_by_the_stacked_argument_its_loop_slices() -> None:
+@pytest.mark.parametrize("remat", [False, True])
+def test_a_scanned_dot_is_named_by_the_stacked_argument_its_loop_slices(remat: bool) -> None:
     """A scan over stacked weights multiplies one slice per iteration of the argument the loop
-    carries unchanged: its path names the dot (and the gradient's). A value the loop changes (the
-    carry, here initialized from the argument `x`) is not that argument after the first iteration:
-    it names nothing."""
+    carries unchanged: its path names the dot, and its input gradient's; under remat the
+    recomputed dot's too, whose inputs pass an optimization barrier. Two weights multiplied on one
+    line (one stack frame) keep their own names. A value the loop changes (the carry, here
+    initialized from the argument `x`) is not that argument after the first iteration: it names
+    nothing."""
+    from collections import Counter
+
     import jax
     import jax.numpy as jnp
     from jax.sharding import AxisType, NamedSharding
@@ -127,15 +132,21 @@ def test_a_scanned_dot_is_named_by_the_stacked_argument_its_loop_slices() -> Non
 
     def loss(params, x):
         def layer(h, w):
-            return jnp.tanh(h @ w["up"]) + h @ h.T, None   # h: carried, changed each iteration
-        h, _ = jax.lax.scan(layer, x, params["mlp"])
+            g = h @ h.T   # h: carried, changed each iteration
+            for k in ("up", "down"):   # one source line, so one stack frame, for both weights' dots
+                h = jnp.tanh(h @ w[k])
+            return h + g, None
+        h, _ = jax.lax.scan(jax.checkpoint(layer) if remat else layer, x, params["mlp"])
         return jnp.sum(h)
 
-    params = {"mlp": {"up": jnp.ones((3, 4, 4))}}
+    params = {"mlp": {"up": jnp.ones((3, 4, 4)), "down": jnp.ones((3, 4, 4))}}
     x = jax.device_put(jnp.ones((4, 4)), NamedSharding(mesh, P("data", None)))
     _, post, parts = partitioned_hlo(jax.jit(jax.value_and_grad(loss)), params, x)
     assert parts == 2
     mod = parse_hlo(post)
-    names = [short_name(dot_label(d.op_name, mod.arguments(d))) for d in mod.instrs.values() if d.opcode == "dot"]
-    assert {"mlp/up", "grad/mlp/up"} <= set(names), names
-    assert set(names) - {"mlp/up", "grad/mlp/up"} == {"dot", "grad/dot"}, names   # h @ h.T: not `x`
+    names = Counter(short_name(dot_label(d.op_name, mod.arguments(d))) for d in mod.instrs.values() if d.opcode == "dot")
+    assert names["mlp/up"] == names["mlp/down"] == 1, names
+    # down's input gradient (and, under remat, its recomputation); its weight gradient multiplies
+    # no argument and takes the line's first dot's name (up's)
+    assert names["grad/mlp/down"] == (2 if remat else 1), names
+    assert set(names) == {"mlp/up", "mlp/down", "grad/mlp/up", "grad/mlp/down", "dot", "grad/dot"}, names   # not `x`
