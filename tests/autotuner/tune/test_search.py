@@ -141,6 +141,11 @@ def test_sigkilled_worker_resumes_without_losing_measurements(tmp_path):
         winners = list(c.execute("select count(*) from winners"))
     assert before_ids <= after_ids                                  # nothing finished was lost
     cands = [k for k in after if k.startswith("ring")]
+    # where a ring wins (timing noise can make one), tune_problem measures it once more beside its
+    # serial control, last: not a repeat of the search
+    control = [k for k in after if k.startswith("serial")]
+    assert not control or control == ["serial" + cands[-1][len("ring"):]], after
+    cands = cands[: len(cands) - len(control)]
     assert len(cands) == 14 and len(set(cands)) == 14                # resumed to the budget, no repeats
     assert [k for k in before if k.startswith("ring")] == cands[: len([k for k in before if k.startswith("ring")])]
     assert winners == [(1,)]
