@@ -211,7 +211,7 @@ class Overlapped:
             ov, objs, state, rest, kw = inner
             out, after = ov(state, *rest, **kw)
             nnx.update(objs, after)
-            return out
+            return nnx.restore(out, objs)
         return self._prepare(args, kwargs).call(*args, **kwargs)
 
     def plan(self, *args: Any, **kwargs: Any) -> Plan:

@@ -124,6 +124,32 @@ def test_a_step_that_changes_its_arguments_in_place_is_refused_not_run_without_i
     np.testing.assert_allclose(new["w"], jax.jit(pure)({"w": w}, x)[0]["w"], rtol=1e-6)
 
 
+def test_an_nnx_step_that_returns_its_objects_gives_the_callers_own_back() -> None:
+    """As nnx.jit does: where a step written for it returns the model it was given (or a module
+    inside it), the caller gets its own object, updated, not a copy; a module the step creates is
+    a new object."""
+    nnx = pytest.importorskip("flax.nnx", reason="install requirements-models.lock (`make test` does)")
+
+    class Model(nnx.Module):
+        def __init__(self, rngs: Any) -> None:
+            self.up = nnx.Linear(4, 4, rngs=rngs)
+            self.count = nnx.BatchStat(jnp.zeros(()))
+
+        def __call__(self, x: jax.Array) -> jax.Array:
+            self.count[...] += 1
+            return self.up(x)
+
+    def step(model: Model, x: jax.Array) -> tuple[Model, Any, Any, jax.Array]:
+        return model, model.up, nnx.Linear(4, 2, rngs=nnx.Rngs(1)), model(x).sum()
+
+    x = jnp.ones((2, 4))
+    for jit in (nnx.jit, lambda f: overlap(f, strategy="baseline")):
+        model = Model(nnx.Rngs(0))
+        got, up, new, _ = jit(step)(model, x)
+        assert got is model and up is model.up and float(model.count[...]) == 1.0
+        assert isinstance(new, nnx.Linear) and new.kernel[...].shape == (4, 2)
+
+
 def test_the_same_layout_spelled_without_its_trailing_dimensions_is_not_prepared_again() -> None:
     """A compiled step's outputs can come back spelled without their trailing unsharded dimensions
     (P('model',) for P('model', None, None): Flax NNX's kernels after an optimizer update,
