@@ -167,8 +167,7 @@ def multiplicity(mod: HloModule) -> dict[str, int]:
 
 def in_loops(mod: HloModule) -> set[str]:
     """Computations that run inside a while loop: its bodies, and every computation they call."""
-    bodies = [c for n in mod.order if mod.instrs[n].opcode == "while" for c in _callees(mod.instrs[n], ("body",))]
-    return _reachable(mod, bodies)
+    return _reachable(mod, list(mod.loops))
 
 
 def _reachable(mod: HloModule, todo: list[str], out: set[str] | None = None) -> set[str]:

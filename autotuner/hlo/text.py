@@ -114,7 +114,7 @@ class HloModule:
         its stacked arguments) to the loop's initial value."""
         cur = self.op(name)
         for _ in range(len(self.order)):
-            if cur is None or cur.opcode == "parameter" and cur.computation not in self._loops:
+            if cur is None or cur.opcode == "parameter" and cur.computation not in self.loops:
                 return cur
             if cur.opcode in PASS_THROUGH or cur.opcode == "dynamic-slice":
                 cur = self.op(cur.operands[0]) if cur.operands else None
@@ -131,29 +131,30 @@ class HloModule:
         src, k = self.op(gte.operands[0]), gte.attr_ints("index")
         while src is not None and src.opcode == "opt-barrier" and src.operands:
             src = self.op(src.operands[0])
-        if src is not None and src.opcode == "tuple" and len(k) == 1 and k[0] < len(src.operands):
-            return self.op(src.operands[k[0]])
-        return self._loop_input(gte) if src is not None and src.opcode == "parameter" and src.name == gte.operands[0] else None
-
-    def _loop_input(self, gte: Instr) -> Instr | None:
-        """What a while body's element of its state (`gte`, of the body's parameter) is on entry to
-        the loop, where every iteration passes it on unchanged; None otherwise."""
-        param = self.op(gte.operands[0])
-        loop = self._loops.get(param.computation) if param is not None and param.opcode == "parameter" else None
-        k = gte.attr_ints("index")
-        if loop is None or len(k) != 1 or not loop.operands:
+        if src is None or len(k) != 1:
             return None
+        if src.opcode == "tuple":
+            return self.op(src.operands[k[0]]) if k[0] < len(src.operands) else None
+        return self._loop_input(src, k[0]) if src.opcode == "parameter" and src.name == gte.operands[0] else None
+
+    def _loop_input(self, param: Instr, k: int) -> Instr | None:
+        """What element `k` of a while body's state (`param`, the body's parameter) is on entry to
+        the loop, where every iteration passes it on unchanged; None otherwise (not a loop body,
+        or a value the loop carries)."""
+        loop = self.loops.get(param.computation)
         body = self.computations.get(param.computation, [])
-        root = self.op(body[-1]) if body else None
-        out = self.op(root.operands[k[0]]) if root is not None and root.opcode == "tuple" and k[0] < len(root.operands) else None
+        if loop is None or not loop.operands or not body:
+            return None
+        root = self.op(body[-1])
+        out = self.op(root.operands[k]) if root is not None and root.opcode == "tuple" and k < len(root.operands) else None
         if out is None or out.opcode != "get-tuple-element" or out.operands[:1] != [param.name] \
-                or out.attr_ints("index") != k:
+                or out.attr_ints("index") != (k,):
             return None   # carried: changed by the loop
         init = self.op(loop.operands[0])
-        return self.op(init.operands[k[0]]) if init is not None and init.opcode == "tuple" and k[0] < len(init.operands) else None
+        return self.op(init.operands[k]) if init is not None and init.opcode == "tuple" and k < len(init.operands) else None
 
     @functools.cached_property
-    def _loops(self) -> dict[str, Instr]:
+    def loops(self) -> dict[str, Instr]:
         """Each while loop's body computation -> the loop."""
         out = {}
         for n in self.order:

@@ -178,8 +178,9 @@ def fit(actions: dict[str, Any], speedups: dict[str, float | None], budget: int,
     gathers are not charged here: whether plain jit holds the same value (its weight gradient's
     operand) depends on its schedule, so only the compiled step says (`cover`); nor are the
     rings of the dots in a loop's body (`looped`: their tags)."""
-    units, why = _units(actions), {}
-    charges = {u: 0 if looped.intersection(u) else ring_bytes(a.problem) for u, a in units.items()}
+    units = {u: a for u, a in _units(actions).items() if not looped.intersection(u)}
+    why: dict[str, str] = {}
+    charges = {u: ring_bytes(a.problem) for u, a in units.items()}
     if any(c > budget / bound for c in charges.values()):
         # a ring charged more than the plain step's whole temp memory: its largest array is then
         # one of the step's inputs (a parameter, on a toy-sized step), which temp memory does not
@@ -189,8 +190,6 @@ def fit(actions: dict[str, Any], speedups: dict[str, float | None], budget: int,
     for unit in _rings(units, speedups):
         if total <= budget:
             break
-        if looped.intersection(unit):
-            continue   # not charged: shedding it frees nothing that is predicted
         total -= charges[unit]
         why.update(dict.fromkeys(unit, _shed(actions, units, unit, False, f"+{100 * bound:g}%")))
     return why
