@@ -17,9 +17,8 @@ most one more compile than the unbounded plan:
    (that array is one of the step's inputs, a parameter on a toy-sized step, which temp memory
    does not hold). A ring in a loop's body (a scanned layer's) is not charged either: its arrays
    live for one iteration, and whether that is at the step's peak, which a scanned step's stacked
-   residuals set, only the compiled step says (Flax's scanned GPT, `tests/models/test_flax.py`:
-   the forward gathers' rings, charged 1.75 MiB, add nothing; the reduce-scatters', charged
-   nothing, +7.9% on their own; all twelve +4.0%, 2 layers, inside the bound).
+   residuals set, only the compiled step says (Flax's scanned GPT, `bench/pass_cost.py --model
+   flax-scan`: all twelve rings +4.0% at 2 layers, inside the bound, where charging them shed most).
 2. The compiled step is checked. Past the bound, `cover` sheds once more, kept gathers first
    (largest first; a forced ring then runs without keeping, an `auto` one, whose keep is what
    pays, stays baseline), then rings, each taken to account for the measured growth in
