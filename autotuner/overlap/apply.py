@@ -103,6 +103,40 @@ def _positions(tags: Sequence[str], jaxpr: Any, path: tuple[int, ...]) -> list[i
     return [int(r) for r in rests]
 
 
+Perm = tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class View:
+    """How a traced dot computes the Problem read from the HLO, where XLA changed the dot before
+    its partitioner: `swapped`, its operands exchanged (XLA:TPU reorders some backward dots');
+    `lhs`/`rhs`, the axes (`jnp.transpose`) that give the Problem's lhs/rhs from the traced
+    operand it is, where XLA folded a `transpose` into the dot (XLA:TPU reads a tied embedding's
+    table itself in the LM head's `x @ table.T`); `out`, the axes that give the traced dot's result
+    from the Problem's. The identity view (all defaults) is the traced dot as it is."""
+
+    swapped: bool = False
+    lhs: Perm | None = None
+    rhs: Perm | None = None
+    out: Perm | None = None
+
+    def transposes(self, operand: str) -> bool:
+        """Whether the Problem's `operand` ("lhs" or "rhs") is a transpose of the traced one."""
+        return (self.lhs if operand == "lhs" else self.rhs) is not None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"swapped": self.swapped, "lhs": self.lhs, "rhs": self.rhs, "out": self.out}
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> View:
+        perm = lambda p: None if p is None else tuple(int(i) for i in p)  # noqa: E731
+        return View(bool(d["swapped"]), perm(d["lhs"]), perm(d["rhs"]), perm(d["out"]))
+
+
+def permute(x: Any, axes: Perm | None) -> Any:
+    return x if axes is None else jnp.transpose(x, axes)
+
+
 @dataclass(frozen=True)
 class Action:
     """Replace a dot by `build(problem, strategy)`; for a GroupedProblem, `tags` are the dots of
@@ -113,26 +147,13 @@ class Action:
     tags: tuple[str, ...] = ()
     keep: bool = False     # the gathered value has other users: the ring also yields it for them
     strict: bool = False   # keep or nothing (auto): if no other user can take it, the dot stays plain
-    swapped: bool = False  # a single Problem whose dot reads its operands in the other order
-    #                        (XLA:TPU's HLO swaps some): they are exchanged, the result transposed back
+    view: View = View()    # a single Problem that the HLO reads from the traced dot changed
+    #                        (`View`): its operands are taken as the Problem's, its result given back
 
 
-def _operand_index(m: Problem, swapped: bool) -> int:
+def _operand_index(m: Problem, view: View) -> int:
     """The traced dot's operand position of the Problem's gathered (all-gather) or lhs operand."""
-    return (0 if m.pattern.operand == "lhs" else 1) ^ int(swapped)
-
-
-def traced_order(out: Any, problem: Problem, swapped: bool) -> Any:
-    """A decomposition's result (in the Problem's output order) in the traced dot's order: for a
-    swapped dot, batch dimensions, then the traced lhs's free ones (the Problem's rhs's), then
-    the traced rhs's (the Problem's lhs's)."""
-    if not swapped:
-        return out
-    eq = problem.eq
-    batch = [c for c in eq.out if c in eq.lhs and c in eq.rhs]
-    lfree = [c for c in eq.out if c in eq.lhs and c not in eq.rhs]
-    rfree = [c for c in eq.out if c in eq.rhs and c not in eq.lhs]
-    return jnp.transpose(out, [eq.out.index(c) for c in batch + rfree + lfree])
+    return (0 if m.pattern.operand == "lhs" else 1) ^ int(view.swapped)
 
 
 @dataclass
@@ -151,6 +172,8 @@ class DotInfo:
     out_spec: Spec | None = None
     out_relayouts: list[Spec | None] = field(default_factory=list)  # layouts of elidable consumers
     out_used_as_is: bool = False       # the result is also used as laid out (not only relaid out)
+    lhs_transpose: Perm | None = None  # the permutation of a `transpose` that gives the operand
+    rhs_transpose: Perm | None = None  # (before any relayout): XLA may fold it into the dot
 
 
 @dataclass
@@ -302,7 +325,13 @@ class Interpreter:
             [spec_of(v.aval) for v in self._chain(lhs, producer)],
             [spec_of(v.aval) for v in self._chain(rhs, producer)],
             spec_of(o.aval), [spec_of(c.outvars[0].aval) for c in self._relayouts(o, consumers)],
-            len(self._relayouts(o, consumers)) < len(consumers.get(o, [])))
+            len(self._relayouts(o, consumers)) < len(consumers.get(o, [])),
+            self._transposed(lhs, producer), self._transposed(rhs, producer))
+
+    def _transposed(self, v: Any, producer: dict[Any, Any]) -> Perm | None:
+        """The permutation of the `transpose` equation that gives `v` (looked through relayouts)."""
+        e = producer.get(self._chain(v, producer)[-1])
+        return tuple(e.params["permutation"]) if e is not None and e.primitive.name == "transpose" else None
 
     def _pick(self, v: Any, spec: Spec, producer: dict[Any, Any]) -> Any:
         chain = self._chain(v, producer)
@@ -328,12 +357,13 @@ class Interpreter:
                 out = self._pending.pop(tag)
             else:
                 member = problem
-                i = int(act.swapped)   # the traced position of the Problem's lhs
+                v = act.view
+                i = int(v.swapped)   # the traced position of the Problem's lhs
                 lhs = read(self._pick(eqn.invars[i], problem.lhs.spec, producer))
                 rhs = read(self._pick(eqn.invars[1 - i], problem.rhs.spec, producer))
                 fn = self._ring(build, problem, strategy)
                 with siu.set_name_stack(name_stack.extend(f"overlap[{strategy.key}]")):
-                    out = traced_order(fn(lhs, rhs), problem, act.swapped)
+                    out = permute(fn(permute(lhs, v.lhs), permute(rhs, v.rhs)), v.out)
             self._bind(eqn.outvars[0], out, member, env, consumers, skip)
         except Exception as e:  # noqa: BLE001 - this dot stays plain; plan() says why
             why = f"the decomposition could not be applied: {type(e).__name__}: {str(e)[:200]}"
@@ -371,8 +401,12 @@ class Interpreter:
         if idx is None:
             raise ValueError(f"the dots of the group are not all in one jaxpr ({', '.join(tags)})")
         eqns = [jaxpr.eqns[i] for i in idx]
-        xs, ws = map(list, zip(*(self._operands(m, e, producer, act.swapped) for m, e in zip(members, eqns, strict=True)),
+        v = act.view
+        if v.transposes(members[0].pattern.operand):   # its kept gather would be in the other layout
+            raise ValueError("the gathered operand is a transpose that XLA folds into the dot")
+        xs, ws = map(list, zip(*(self._operands(m, e, producer, v) for m, e in zip(members, eqns, strict=True)),
                                strict=True))
+        weight = v.rhs if members[0].pattern.operand == "lhs" else v.lhs
         if any(x is not xs[0] for x in xs):
             raise ValueError("the dots of the group do not read one gathered value")
         read = lambda v: v.val if isinstance(v, jcore.Literal) else env[v]  # noqa: E731
@@ -388,8 +422,9 @@ class Interpreter:
                              "so its all-gather would stay")
         with siu.set_name_stack(name_stack.extend(f"overlap[{act.strategy.key}]")):
             if users:
-                *outs, gathered = self._ring(build_keeping, act.problem, act.strategy)(read(xs[0]), *map(read, ws))
-                outs = [traced_order(o, m, act.swapped) for o, m in zip(outs, members, strict=True)]
+                *outs, gathered = self._ring(build_keeping, act.problem, act.strategy)(
+                    read(xs[0]), *(permute(read(w), weight) for w in ws))
+                outs = [permute(o, v.out) for o in outs]
                 for e, j in users:
                     self._subst.setdefault(id(e), {})[j] = gathered
                 self.kept[tags[0]] = len(users)
@@ -398,9 +433,9 @@ class Interpreter:
             elif isinstance(act.problem, GroupedProblem):
                 outs = list(self._ring(build, act.problem, act.strategy)(read(xs[0]), *map(read, ws)))
             else:
-                lhs, rhs = (xs[0], ws[0]) if members[0].pattern.operand == "lhs" else (ws[0], xs[0])
-                outs = [traced_order(self._ring(build, act.problem, act.strategy)(read(lhs), read(rhs)),
-                                     members[0], act.swapped)]
+                x, w = read(xs[0]), permute(read(ws[0]), weight)
+                lhs, rhs = (x, w) if members[0].pattern.operand == "lhs" else (w, x)
+                outs = [permute(self._ring(build, act.problem, act.strategy)(lhs, rhs), v.out)]
         self._pending.update(zip(tags, outs, strict=True))
 
     def _early(self, jaxpr: Any, path: tuple[int, ...], producer: dict[Any, Any],
@@ -423,7 +458,7 @@ class Interpreter:
             if idx is None or jaxpr.eqns[idx[0]].primitive.name != "dot_general":
                 continue
             m0 = _members(act)[0]
-            x, _ = self._operands(m0, jaxpr.eqns[idx[0]], producer, act.swapped)
+            x, _ = self._operands(m0, jaxpr.eqns[idx[0]], producer, act.view)
             members = {id(jaxpr.eqns[i]) for i in idx}
             users = self._gather_users(x, comm_out_spec(m0), members, -1, jaxpr, consumers, path)
             first = min((pos[id(e)] for e, _ in users), default=len(jaxpr.eqns))
@@ -438,9 +473,9 @@ class Interpreter:
             pos = self._pos[id(jaxpr)] = {id(e): i for i, e in enumerate(jaxpr.eqns)}
         return pos
 
-    def _operands(self, m: Problem, eqn: Any, producer: dict[Any, Any], swapped: bool = False) -> tuple[Any, Any]:
+    def _operands(self, m: Problem, eqn: Any, producer: dict[Any, Any], view: View = View()) -> tuple[Any, Any]:
         """(gathered operand, weight) vars of an all-gather member's dot, before their relayouts."""
-        i = _operand_index(m, swapped)
+        i = _operand_index(m, view)
         x_op, w_op = (m.lhs, m.rhs) if m.pattern.operand == "lhs" else (m.rhs, m.lhs)
         return (self._pick(eqn.invars[i], x_op.spec, producer),
                 self._pick(eqn.invars[1 - i], w_op.spec, producer))

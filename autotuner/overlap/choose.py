@@ -117,7 +117,10 @@ def _decide(mode: str, chosen: Any, client: Any, site: Site, evidence: dict[str,
             zip(site.group.members, site.infos, strict=True))
         why = next((w for q, info in members if (w := _relayout(q, info)) is not None), None)
         if why is None and site.extra_users > 0:
-            if s.method == "ring" and site.problem.pattern.kind == "all_gather":
+            if site.view.transposes(site.problem.pattern.operand):
+                why = (f"its all-gather's value is also used by {site.extra_users} other instruction(s), "
+                       "in the layout of a transpose that XLA folds into this dot, so the gather would stay")
+            elif s.method == "ring" and site.problem.pattern.kind == "all_gather":
                 keep = True   # the ring also yields the gathered value for the other users
                 note = (f"its all-gather's value is also used by {site.extra_users} other "
                         "instruction(s): the ring keeps the gathered value for them")
@@ -175,7 +178,7 @@ def choose(mode: str, chosen: Any, client: Any, sites: list[Site | None], rows: 
         s, source, speedup, note, keep, answer = made[unit]
         if applies(s, leave):
             actions[site.tag] = Action(site.unit, s, site.tags, keep=keep, strict=keep and mode == "auto",
-                                        swapped=site.swapped)
+                                        view=site.view)
         if row.note and note:
             note = f"{row.note}; {note}"
         out.append(replace(row, strategy=s, source=source, speedup=speedup, note=note or row.note,

@@ -26,7 +26,7 @@ from autotuner.hlo.pairs import Pair, find_pairs
 from autotuner.hlo.problems import dot_index, match_dot
 from autotuner.hlo.shardings import MeshInfo
 from autotuner.hlo.text import PASS_THROUGH, ExtractError, HloModule, parse_hlo
-from autotuner.overlap.apply import TAG_PREFIX, DotInfo, Interpreter
+from autotuner.overlap.apply import TAG_PREFIX, DotInfo, Interpreter, View
 from autotuner.overlap.plan import PlanRow
 from autotuner.problem import GroupedProblem, Problem, problem_from_dict
 from autotuner.strategy import Strategy
@@ -47,7 +47,7 @@ class Site:
     group: GroupedProblem | None = None
     tags: tuple[str, ...] = ()          # the group's dots, in member order
     infos: tuple[DotInfo, ...] = ()
-    swapped: bool = False   # the traced dot reads the Problem's operands in the other order
+    view: View = View()     # how the traced dot computes the Problem, where XLA's HLO changed it
     in_loop: bool = False   # the dot runs in a while loop's body (a scanned layer's)
 
     @property
@@ -159,16 +159,47 @@ def mismatch(info: DotInfo, p: Problem) -> str | None:
     return None
 
 
-def swapped_view(info: DotInfo) -> DotInfo:
-    """The traced dot with its operands swapped, its output in that dot's order (batch, then the
-    new lhs's free dimensions, then the new rhs's): XLA:TPU reorders the operands of some backward
-    dots before its partitioner, so the Problem read from its HLO is this view of the traced dot."""
+def views(info: DotInfo) -> list[tuple[DotInfo, View]]:
+    """The traced dot as XLA's HLO may have it before the partitioner, each with its `View`: its
+    operands exchanged (XLA:TPU reorders the operands of some backward dots), a `transpose` that
+    gives an operand folded into the dot (XLA's transpose folding: the HLO dot reads the
+    transpose's input), or both; the fewest changes first. Each is the same product, so any view
+    that matches the Problem computes the traced dot."""
+    folds = [(ql, qr) for ql in (None, info.lhs_transpose) for qr in (None, info.rhs_transpose)]
+    return [_view(info, swapped, ql, qr) for ql, qr in dict.fromkeys(folds) for swapped in (False, True)
+            if swapped or ql or qr]
+
+
+def _view(info: DotInfo, swapped: bool, ql: tuple[int, ...] | None, qr: tuple[int, ...] | None
+          ) -> tuple[DotInfo, View]:
+    """The dot that reads the transposes' inputs (`ql`/`qr`: their permutations, the traced
+    operand's dimension i being the input's dimension q[i]), its operands exchanged if `swapped`,
+    its result in dot_general's order (batch, then its lhs's free dimensions, then its rhs's)."""
     (lc, rc), (lb, rb) = info.dims
-    nb, nlf = len(lb), len(info.lhs_shape) - len(lc) - len(lb)
-    o = info.out_shape
-    return replace(info, lhs_shape=info.rhs_shape, rhs_shape=info.lhs_shape,
-                   out_shape=o[:nb] + o[nb + nlf:] + o[nb:nb + nlf],
-                   dtypes=(info.dtypes[1], info.dtypes[0], info.dtypes[2]), dims=((rc, lc), (rb, lb)))
+
+    def operand(shape: tuple[int, ...], q: tuple[int, ...] | None, c: tuple[int, ...], b: tuple[int, ...],
+                side: str) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], list[tuple[str, int]],
+                                    list[tuple[str, int]], tuple[int, ...] | None]:
+        q = q or tuple(range(len(shape)))
+        dims = [0] * len(shape)
+        for i, j in enumerate(q):
+            dims[j] = shape[i]
+        free = [i for i in range(len(shape)) if i not in c and i not in b]
+        axes = tuple(sorted(range(len(q)), key=lambda i: q[i]))   # jnp.transpose axes: traced -> input
+        return (tuple(dims), tuple(q[i] for i in c), tuple(q[i] for i in b), [(side, i) for i in free],
+                [(side, i) for i in sorted(free, key=lambda i: q[i])], None if axes == tuple(range(len(q))) else axes)
+
+    lhs, rhs = operand(info.lhs_shape, ql, lc, lb, "l"), operand(info.rhs_shape, qr, rc, rb, "r")
+    batch = [("b", k) for k in range(len(lb))]
+    traced = batch + lhs[3] + rhs[3]
+    first, second = (rhs, lhs) if swapped else (lhs, rhs)
+    labels = batch + first[4] + second[4]
+    out = tuple(labels.index(t) for t in traced)
+    dtypes = (info.dtypes[1], info.dtypes[0], info.dtypes[2]) if swapped else info.dtypes
+    seen = replace(info, lhs_shape=first[0], rhs_shape=second[0], dtypes=dtypes,
+                   out_shape=tuple(info.out_shape[traced.index(t)] for t in labels),
+                   dims=((first[1], second[1]), (first[2], second[2])))
+    return seen, View(swapped, first[5], second[5], None if out == tuple(range(len(out))) else out)
 
 
 def _auto_layouts(info: DotInfo) -> bool:
@@ -225,9 +256,9 @@ def find_sites(pre_text: str, post_text: str, parts: int, tagger: Interpreter, m
         dot = tagger.infos.get(tag) if tag else None
         name = short_name(dot_label(op, post.arguments(pair.dot)))
         where = dot.where if dot else ""
-        swapped = False
+        view = View()
         if why is None:
-            why, swapped = _unmapped(dot, tag, problem, mapped_tags)
+            why, view = _unmapped(dot, tag, problem, mapped_tags)
         if why is not None:
             sites.append(None)
             rows.append(_row(name, where, pair.form, problem, "unmapped", n, why))
@@ -235,7 +266,7 @@ def find_sites(pre_text: str, post_text: str, parts: int, tagger: Interpreter, m
         assert problem is not None and dot is not None and tag is not None
         mapped_tags.add(tag)
         sites.append(Site(tag, problem, dot, other_users(post, pair),
-                          pair.collective.name if pair.kind == "all_gather" else "", swapped=swapped,
+                          pair.collective.name if pair.kind == "all_gather" else "", view=view,
                           in_loop=pair.dot.computation in looped))
         rows.append(_row(name, where, pair.form, problem, "", n, ""))
         pairs.append((pair, len(sites) - 1))
@@ -244,20 +275,22 @@ def find_sites(pre_text: str, post_text: str, parts: int, tagger: Interpreter, m
 
 
 def _unmapped(dot: DotInfo | None, tag: str | None, problem: Problem | None, mapped: set[str]
-              ) -> tuple[str | None, bool]:
-    """(why a pair whose HLO maps to `problem` still cannot be decomposed, or None; whether the
-    traced dot reads the Problem's operands swapped). A swapped dot is decomposed as the Problem
-    with its operands exchanged and its result transposed back (`apply`), with Auto layouts only:
-    an explicit layout would have to be permuted too."""
+              ) -> tuple[str | None, View]:
+    """(why a pair whose HLO maps to `problem` still cannot be decomposed, or None; how the traced
+    dot computes the Problem). Where XLA changed the dot before its partitioner (`views`), it is
+    decomposed as the Problem, its operands taken and its result given back through the `View`
+    (`apply`), with Auto layouts only: an explicit layout would have to be permuted too."""
     if dot is None:
-        return "no traced dot_general carries this dot's name (it was not rebuilt by the pass)", False
+        return "no traced dot_general carries this dot's name (it was not rebuilt by the pass)", View()
     if tag in mapped:
-        return "the same dot as another pair (one decomposition per dot)", False
+        return "the same dot as another pair (one decomposition per dot)", View()
     assert problem is not None
     why = mismatch(dot, problem)
-    if why is not None and _auto_layouts(dot) and mismatch(swapped_view(dot), problem) is None:
-        return None, True
-    return why, False
+    if why is not None and _auto_layouts(dot):
+        view = next((v for seen, v in views(dot) if mismatch(seen, problem) is None), None)
+        if view is not None:
+            return None, view
+    return why, View()
 
 
 def _grouped(sites: list[Site | None], rows: list[PlanRow], pairs: list[tuple[Pair, int]]
@@ -272,12 +305,13 @@ def _grouped(sites: list[Site | None], rows: list[PlanRow], pairs: list[tuple[Pa
         idx = [by_pair[id(q)] for q in unit_pairs]
         members = [sites[i] for i in idx]
         assert all(m is not None for m in members)
-        if any(m.swapped for m in members):  # type: ignore[union-attr]
+        if any(m.view != View() for m in members):  # type: ignore[union-attr]
             for j, i in enumerate(idx):
                 sites[i] = None
                 rows[i] = replace(rows[i], problem=unit, member=j, source="unmapped",
-                                  note="a dot of a grouped all-gather whose operands XLA's HLO swaps "
-                                       "(a group is decomposed with its dots' operands in order)")
+                                  note="a dot of a grouped all-gather that XLA's HLO changes (operands "
+                                       "swapped or a transpose folded in; a group is decomposed with its "
+                                       "dots as traced)")
             continue
         tags = tuple(m.tag for m in members)  # type: ignore[union-attr]
         infos = tuple(m.info for m in members)  # type: ignore[union-attr]
@@ -290,7 +324,8 @@ def _grouped(sites: list[Site | None], rows: list[PlanRow], pairs: list[tuple[Pa
 
 # -- kept beside the partitioned texts ----------------------------------------------------------------
 
-FOUND_FORMAT = 3   # 2: a site says whether its dot's operands are swapped; 3: whether it runs in a loop
+FOUND_FORMAT = 4   # 2: a site says whether its dot's operands are swapped; 3: whether it runs in a loop;
+#                   4: its View (operands swapped, transposes folded)
 _FINDER = ("autotuner.overlap.find", "autotuner.hlo.text", "autotuner.hlo.pairs", "autotuner.hlo.problems",
            "autotuner.hlo.group_pairs", "autotuner.hlo.evaluate", "autotuner.hlo.shardings", "autotuner.hlo.names")
 
@@ -345,7 +380,7 @@ def _store_found(path: str, found: Found, added: list[str]) -> None:
     doc = {"added": added, "notes": found.notes,
            "sites": [None if s is None else {"tag": s.tag, "problem": s.problem.to_dict(), "other_users": s.other_users,
                                              "collective": s.collective, "group": unit(s.group), "tags": list(s.tags),
-                                             "swapped": s.swapped, "in_loop": s.in_loop}
+                                             "view": s.view.to_dict(), "in_loop": s.in_loop}
                      for s in found.sites],
            "rows": [{"name": r.name, "where": r.where, "form": r.form, "problem": unit(r.problem), "source": r.source,
                      "count": r.count, "note": r.note, "member": r.member} for r in found.rows]}
@@ -368,7 +403,7 @@ def _load_found(path: str, tagger: Interpreter) -> tuple[Found, list[str]] | Non
             tags = tuple(d["tags"])
             sites.append(Site(d["tag"], Problem.from_dict(d["problem"]), infos[d["tag"]], int(d["other_users"]),
                               str(d["collective"]), unit(d["group"]), tags, tuple(infos[t] for t in tags),
-                              bool(d["swapped"]), bool(d["in_loop"])))
+                              View.from_dict(d["view"]), bool(d["in_loop"])))
         rows = [PlanRow(str(d["name"]), str(d["where"]), str(d["form"]), unit(d["problem"]), Strategy.baseline(),
                         str(d["source"]), None, int(d["count"]), str(d["note"]), d["member"]) for d in doc["rows"]]
         return Found(sites, rows, [str(n) for n in doc["notes"]]), [str(a) for a in doc["added"]]

@@ -171,7 +171,7 @@ class Build:
             if site is None:
                 raise agree.AgreeError(f"process 0 rewrites a dot ({tag}) this process did not find")
             actions[tag] = Action(site.unit, Strategy.from_dict(strategy), site.tags, keep=keep, strict=strict,
-                                  swapped=site.swapped)
+                                  view=site.view)
         self.actions, self.shed = actions, dict(doc["shed"])
 
     def together(self, prepared: Prepared) -> Prepared:

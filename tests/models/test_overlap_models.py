@@ -233,3 +233,28 @@ def test_gemma_under_keras_hubs_own_layout(name: str) -> None:
         assert sum(r.count for r in applied) == occurrences and {r.source for r in applied} == {"callable"}
         assert_close(ov(*args), want)
         assert extract_report(ov, *args).problems == []
+
+
+@pytest.mark.tpu
+def test_on_xla_tpu_the_tied_lm_head_under_keras_hubs_own_layout_is_decomposed(tpu_devices, tmp_path) -> None:
+    """XLA:TPU folds the LM head's `transpose` of the tied embedding table (keras-hub's
+    `ReversibleEmbedding`: `x @ table.T`) into the dot before its partitioner, so the Problem read
+    from its HLO reads the table [vocab, hidden] itself (`abc,dc->abd`), not the traced
+    transpose: the pair was unmapped ("the compiled dot's operand shapes differ"). The pass now
+    decomposes it through the transpose (`overlap.find.views`; the numerics on CPU:
+    tests/autotuner/overlap/test_swapped_operands.py), and the step compiles for the slice."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tpu_devices("v5e:4x2")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "AUTOTUNER_DB"))}
+    r = subprocess.run([sys.executable, "-m", "autotuner.cli", "plan", "tests.models.keras_hub_gemma:train_step_keras_hub",
+                        "--mesh", '{"data": 2, "model": 4}', "--target", "aot:tpu:v5e:4x2",
+                        "--strategy", "ring-uni-c1-ufull-loop-send", "--memory", "none"],
+                       cwd=tmp_path, env={**env, "PYTHONPATH": str(Path(__file__).parents[2])},
+                       capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    head = next((line for line in r.stdout.splitlines() if line.startswith("token_embedding ")), "")
+    assert "ring-uni-c1-ufull-loop-send" in head and "forced" in head, r.stdout[-3000:]
+    assert "18 of 27 pair(s) decomposed" in r.stdout and "operand shapes differ" not in r.stdout, r.stdout[-3000:]

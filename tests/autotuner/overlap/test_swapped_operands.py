@@ -129,3 +129,124 @@ def test_a_training_step_whose_every_dot_the_hlo_swaps_equals_plain_jit(shape: t
     assert any("keeps the gathered value" in (r.note or "") for r in plan if r.applied), "\n" + str(plan)
     assert not any(r.source == "unmapped" for r in plan if r.problem is not None), "\n" + str(plan)
     assert_close(ov(*args), want, "float32")
+
+
+# -- a transpose folded into the dot ---------------------------------------------------------------
+# XLA folds a `transpose` that gives a dot's operand into the dot (its dimension numbers read the
+# transpose's input); XLA:TPU does so before its partitioner, so the Problem read from its HLO is
+# the dot of the transpose's input: keras-hub's tied LM head `x @ table.T` on keras-hub's Gemma
+# layout reads the table [vocab, hidden] itself (`aot:tpu:v5e:4x2`). XLA:CPU folds after its
+# partitioner, so here the HLO is read as XLA:TPU's would be: the Problem found has the transpose's
+# input in place of the operand (`folded`).
+
+def folded(p: Problem, side: str, q: tuple[int, ...]) -> Problem:
+    """`p` as the dot that reads `transpose`'s input in place of its `side` operand (the traced
+    operand's dimension i is the input's dimension q[i]), its output in that dot's order."""
+    eq, d = p.eq, p.to_dict()
+    letters = eq.lhs if side == "lhs" else eq.rhs
+    new, shape, spec = [""] * len(q), [0] * len(q), [None] * len(q)
+    for i, j in enumerate(q):
+        new[j], shape[j], spec[j] = letters[i], d[side]["shape"][i], d[side]["spec"][i]
+    lhs, rhs = ("".join(new), eq.rhs) if side == "lhs" else (eq.lhs, "".join(new))
+    batch = [c for c in eq.out if c in lhs and c in rhs]
+    out = batch + [c for c in lhs if c not in rhs] + [c for c in rhs if c not in lhs]
+    spec_of = dict(zip(eq.out, d["out_spec"], strict=True))
+    return Problem.from_dict({**d, "equation": f"{lhs},{rhs}->{''.join(out)}", side: {"shape": shape, "spec": spec},
+                              "out_spec": [spec_of[c] for c in out]})
+
+
+# name: (traced equation, stored operands' specs, which operand the dot reads transposed and its
+# permutation, the result's spec): the LM head (reduce-scatter, the table transposed), a
+# sequence-parallel MLP up whose weight is stored [f, d], and one whose gathered activation is a
+# transpose of [b, s, d] (the result's order then differs from the folded dot's)
+FOLDS = {
+    "reduce-scatter, weight transposed": ("sf,fd->sd", P(None, "x"), P(None, "x"), "rhs", (1, 0), P("x", None)),
+    "all-gather, weight transposed": ("sd,df->sf", P("x", None), P("x", None), "rhs", (1, 0), P(None, "x")),
+    "all-gather, activation transposed": ("sbd,df->sbf", P(None, "x", None), P(None, "x"), "lhs", (1, 0, 2),
+                                          P(None, None, "x")),
+}
+
+
+def _folds(name: str, mesh: Any) -> tuple[Any, tuple[Any, Any]]:
+    eq, ls, rs, side, q, os_ = FOLDS[name]
+    size = {"s": 64, "d": 32, "f": 48, "b": 2}
+    a, b = eq.split("->")[0].split(",")
+    stored = lambda letters, t: [size[letters[q.index(j)]] if t else size[c] for j, c in enumerate(letters)]  # noqa: E731
+    k1, k2 = jax.random.split(jax.random.key(1))
+    x = jax.device_put(jax.random.normal(k1, stored(a, side == "lhs")), NamedSharding(mesh, ls))
+    w = jax.device_put(jax.random.normal(k2, stored(b, side == "rhs")), NamedSharding(mesh, rs))
+
+    def fn(x: Any, w: Any) -> Any:
+        x, w = (jnp.transpose(x, q), w) if side == "lhs" else (x, jnp.transpose(w, q))
+        return jax.lax.with_sharding_constraint(jnp.einsum(eq, x, w), NamedSharding(mesh, os_))
+
+    return jax.jit(fn), (x, w)
+
+
+def _reads_folded(monkeypatch: pytest.MonkeyPatch, side: str, q: tuple[int, ...], swap: bool = False) -> list[Problem]:
+    """Every Problem the pass reads from the HLO `folded` (and swapped); the list of those it read."""
+    real, seen = find.match_dot, []
+
+    def match(*a: Any, **k: Any) -> Any:
+        got = real(*a, **k)
+        if not isinstance(got, Problem):
+            return got
+        got = folded(got, side, q)
+        seen.append(swapped(got) if swap else got)
+        return seen[-1]
+
+    monkeypatch.setattr(find, "match_dot", match)
+    return seen
+
+
+@pytest.mark.parametrize("swap", [False, True], ids=["folded", "folded and swapped"])
+@pytest.mark.parametrize("name", list(FOLDS))
+def test_a_dot_whose_hlo_folds_a_transpose_is_decomposed_and_equals_plain_jit(
+        name: str, swap: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = _reads_folded(monkeypatch, FOLDS[name][3], FOLDS[name][4], swap)
+    fn, args = _folds(name, _mesh(AxisType.Auto))
+    want = fn(*args)
+    assert list(overlap(fn, strategy="plain").plan(*args))[0].problem == seen[0]
+    rings = [s for s in space(seen[0]) if s.method == "ring"]
+    for ring in (rings[0], rings[-1]):
+        ov = overlap(fn, strategy=lambda p, ring=ring: ring, memory=None)
+        got = ov.plan(*args)
+        assert [r.applied for r in got] == [True], "\n" + str(got)
+        err = relative_error(ov(*args), want)
+        assert err <= TOLERANCE["float32"], (ring.key, err)
+
+
+def test_a_gathered_transpose_with_other_users_is_decomposed_without_keeping_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A ring keeps its gathered value for the gather's other users in the Problem's layout; where
+    that is the input of a folded transpose, they read the transpose: the ring does not keep it
+    (their gather stays), says so, and equals plain jit."""
+    _reads_folded(monkeypatch, "lhs", (1, 0))
+    mesh = _mesh(AxisType.Auto)
+    x = jax.device_put(jax.random.normal(jax.random.key(2), (32, 64)), NamedSharding(mesh, P(None, "x")))
+    w = jax.device_put(jax.random.normal(jax.random.key(3), (32, 48)), NamedSharding(mesh, P(None, "x")))
+
+    def fn(x: Any, w: Any) -> Any:
+        xt = jax.lax.with_sharding_constraint(x.T, NamedSharding(mesh, P("x", None)))
+        y = jax.lax.with_sharding_constraint(xt @ w, NamedSharding(mesh, P(None, "x")))
+        return y, jax.lax.with_sharding_constraint(jnp.tanh(xt), NamedSharding(mesh, P()))
+
+    fn = jax.jit(fn)
+    ov = overlap(fn, strategy=lambda p: space(p)[1], memory=None)
+    plan = ov.plan(x, w)
+    row = next(r for r in plan if r.problem is not None)
+    assert row.applied and "in the layout of a transpose" in row.note and not row.kept_bytes, "\n" + str(plan)
+    for got, want in zip(ov(x, w), fn(x, w), strict=True):
+        assert relative_error(got, want) <= TOLERANCE["float32"]
+
+
+def test_a_folded_transpose_is_not_looked_through_without_its_equation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same Problem, where the traced operand is not a transpose (the weight stored as the
+    dot reads it, no transpose in the trace): nothing says the HLO's operand is the traced one
+    transposed, so the pair stays plain and says why."""
+    _reads_folded(monkeypatch, "rhs", (1, 0))
+    mesh = _mesh(AxisType.Auto)
+    x = jax.device_put(jnp.ones((64, 48)), NamedSharding(mesh, P(None, "x")))
+    w = jax.device_put(jnp.ones((48, 32)), NamedSharding(mesh, P("x", None)))
+    fn = jax.jit(lambda x, w: jax.lax.with_sharding_constraint(x @ w, NamedSharding(mesh, P("x", None))))
+    plan = overlap(fn, strategy=lambda p: space(p)[1], memory=None).plan(x, w)
+    assert [r.applied for r in plan] == [False] and "operand shapes differ" in list(plan)[0].note, "\n" + str(plan)
