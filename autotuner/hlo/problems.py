@@ -181,6 +181,15 @@ def _problem_for(pair: Pair, post: HloModule, pre: HloModule, cand: Instr, mesh:
     return p
 
 
+def several(pairs: list[Pair]) -> dict[str, str]:
+    """{dot name: why none of its pairs is a Problem} for the dots with more than one collective of
+    their own among `pairs` (extraction and the pass both skip them, for this one reason)."""
+    per_dot: dict[str, list[Pair]] = {}
+    for pair in pairs:
+        per_dot.setdefault(pair.dot.name, []).append(pair)
+    return {name: _several(ps) for name, ps in per_dot.items() if len(ps) > 1}
+
+
 def _several(pairs: list[Pair]) -> str:
     """Why a dot with several collectives around it (e.g. both operands all-gathered, as
     keras-hub's own layout map shards every kernel's hidden dimension too) is not one Problem."""
@@ -254,16 +263,14 @@ def extract_from_hlo(propagated: str, partitioned: str, mesh: Mapping[str, int] 
     manual = manual_computations(post)
     used: set[str] = set()
     mapped: list[tuple[Pair, Problem, int]] = []
-    per_dot: dict[str, list[Pair]] = {}
-    for pair in pairs:
-        per_dot.setdefault(pair.dot.name, []).append(pair)
+    shared = several(pairs)
     for pair in pairs:
         where = pair.where()
         if pair.dot.computation in manual:
             skip(skipped, where, "inside shard_map (already manually partitioned)")
             continue
-        if len(per_dot[pair.dot.name]) > 1:
-            skip(skipped, where, _several(per_dot[pair.dot.name]))
+        if pair.dot.name in shared:
+            skip(skipped, where, shared[pair.dot.name])
             continue
         result = match_dot(pair, post, pre, pre_dots, used, info)
         if isinstance(result, str):

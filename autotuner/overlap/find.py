@@ -23,7 +23,7 @@ from autotuner.hlo.evaluate import in_loops, manual_computations, multiplicity
 from autotuner.hlo.group_pairs import group_units
 from autotuner.hlo.names import dot_label, short_name
 from autotuner.hlo.pairs import Pair, find_pairs
-from autotuner.hlo.problems import dot_index, match_dot
+from autotuner.hlo.problems import dot_index, match_dot, several
 from autotuner.hlo.shardings import MeshInfo
 from autotuner.hlo.text import PASS_THROUGH, ExtractError, HloModule, parse_hlo
 from autotuner.overlap.apply import TAG_PREFIX, DotInfo, Interpreter, View
@@ -238,6 +238,7 @@ def find_sites(pre_text: str, post_text: str, parts: int, tagger: Interpreter, m
     this_round: set[str] = set()
     mapped_tags: set[str] = set()
     pairs: list[tuple[Pair, int]] = []   # (pair, its site's index) of the mapped pairs
+    shared = several(found)
     for pair in found:
         op = pair.dot.op_name
         n = times.get(pair.dot.computation, 1)
@@ -245,6 +246,8 @@ def find_sites(pre_text: str, post_text: str, parts: int, tagger: Interpreter, m
             if tagger.actions:
                 continue
             problem, why = None, "inside shard_map (already manually partitioned)"
+        elif pair.dot.name in shared:
+            problem, why = None, shared[pair.dot.name]
         else:
             got = match_dot(pair, post, pre, pre_dots, used, info)
             problem, why = (None, got) if isinstance(got, str) else (got, None)

@@ -485,3 +485,23 @@ def test_shard_map_bodies_xla_calls_rather_than_inlines_are_manual() -> None:
     got = manual_computations(parse_hlo(_CALLED_BODY))
     assert got == {"xla.sdy.inlinable_manual_computation_body.3", "xla.sdy.inlinable_manual_computation_body.3_spmd",
                    "body_spmd_inner", "manual_by_layout"}
+
+
+def test_a_dot_with_two_collectives_is_skipped_for_that_reason_by_extraction_and_the_pass():
+    """Both operands gathered right before one dot (the activation over model, the weight's
+    contraction over data: keras-hub's own Llama layout does this in its backward attention): no
+    Problem has two collectives, and extraction and the pass say so for both pairs, with the same
+    words (`hlo.problems.several`; the pass said "the propagated shardings do not give the
+    partitioned dot's per-device shapes" before)."""
+    from autotuner.overlap import overlap
+
+    mesh = jax.make_mesh((2, 2), ("data", "model"), axis_types=(AxisType.Auto,) * 2, devices=jax.devices()[:4])
+    x = jax.device_put(jnp.ones((64, 32)), NamedSharding(mesh, P("model", None)))
+    w = jax.device_put(jnp.ones((32, 48)), NamedSharding(mesh, P("data", None)))
+    fn = jax.jit(lambda x, w: jax.lax.with_sharding_constraint(x @ w, NamedSharding(mesh, P())))
+    report = extract_report(fn, x, w)
+    why = [reason for _, reason in report.skipped]
+    assert report.problems == [] and len(why) == 2 and why[0] == why[1], why
+    assert why[0].startswith("the dot has 2 collectives of its own"), why
+    plan = overlap(fn, strategy="plain", memory=None).plan(x, w)
+    assert [(r.source, r.note) for r in plan] == [("unmapped", why[0])] * 2, "\n" + str(plan)
