@@ -2,7 +2,8 @@
 
 - `api`    — `overlap` / `Overlapped`: per input signature, tag -> find -> choose -> apply -> plan;
 - `apply`  — the jaxpr interpreter that tags every dot and replaces the chosen ones (`Action`);
-- `find`   — compile the tagged program, map each collective/dot pair to its equation (`Site`);
+- `find`   — compile the tagged program, map each collective/dot pair to its equation (`Site`),
+             as the HLO has it (`dotview`: operands swapped, a transpose folded in);
 - `choose` — the Strategy per site (client, forced, callable), shared gathers, never slower;
 - `plan`   — what the pass did, one `PlanRow` per pair.
 

@@ -38,12 +38,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 from jax._src import source_info_util as siu
 from jax.extend import core as jcore
 from jax.sharding import AxisType, NamedSharding
 
 from autotuner.overlap.arguments import check_unchanged
+from autotuner.overlap.dotview import IDENTITY, DotInfo, Perm, Spec, View, permute
 from autotuner.overlap.subjaxprs import SKIP_PRIMS, params_have_dot, rebuild
 from autotuner.problem import Entry, GroupedProblem, Problem
 from autotuner.strategy import Strategy
@@ -52,7 +52,6 @@ log = logging.getLogger("autotuner.overlap")
 
 LAYOUT_PRIMS = frozenset({"reshard", "sharding_constraint"})  # identity on values
 TAG_PREFIX = "__overlap"
-Spec = tuple[Entry, ...]
 
 
 def _graph(jaxpr: Any) -> tuple[dict[Any, Any], dict[Any, list[Any]]]:
@@ -103,40 +102,6 @@ def _positions(tags: Sequence[str], jaxpr: Any, path: tuple[int, ...]) -> list[i
     return [int(r) for r in rests]
 
 
-Perm = tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class View:
-    """How a traced dot computes the Problem read from the HLO, where XLA changed the dot before
-    its partitioner: `swapped`, its operands exchanged (XLA:TPU reorders some backward dots');
-    `lhs`/`rhs`, the axes (`jnp.transpose`) that give the Problem's lhs/rhs from the traced
-    operand it is, where XLA folded a `transpose` into the dot (XLA:TPU reads a tied embedding's
-    table itself in the LM head's `x @ table.T`); `out`, the axes that give the traced dot's result
-    from the Problem's. The identity view (all defaults) is the traced dot as it is."""
-
-    swapped: bool = False
-    lhs: Perm | None = None
-    rhs: Perm | None = None
-    out: Perm | None = None
-
-    def transposes(self, operand: str) -> bool:
-        """Whether the Problem's `operand` ("lhs" or "rhs") is a transpose of the traced one."""
-        return (self.lhs if operand == "lhs" else self.rhs) is not None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"swapped": self.swapped, "lhs": self.lhs, "rhs": self.rhs, "out": self.out}
-
-    @staticmethod
-    def from_dict(d: dict[str, Any]) -> View:
-        perm = lambda p: None if p is None else tuple(int(i) for i in p)  # noqa: E731
-        return View(bool(d["swapped"]), perm(d["lhs"]), perm(d["rhs"]), perm(d["out"]))
-
-
-def permute(x: Any, axes: Perm | None) -> Any:
-    return x if axes is None else jnp.transpose(x, axes)
-
-
 @dataclass(frozen=True)
 class Action:
     """Replace a dot by `build(problem, strategy)`; for a GroupedProblem, `tags` are the dots of
@@ -147,33 +112,13 @@ class Action:
     tags: tuple[str, ...] = ()
     keep: bool = False     # the gathered value has other users: the ring also yields it for them
     strict: bool = False   # keep or nothing (auto): if no other user can take it, the dot stays plain
-    view: View = View()    # a single Problem that the HLO reads from the traced dot changed
+    view: View = IDENTITY  # a single Problem that the HLO reads from the traced dot changed
     #                        (`View`): its operands are taken as the Problem's, its result given back
 
 
 def _operand_index(m: Problem, view: View) -> int:
     """The traced dot's operand position of the Problem's gathered (all-gather) or lhs operand."""
     return (0 if m.pattern.operand == "lhs" else 1) ^ int(view.swapped)
-
-
-@dataclass
-class DotInfo:
-    """What tag mode records of one dot_general equation."""
-
-    tag: str
-    lhs_shape: tuple[int, ...]
-    rhs_shape: tuple[int, ...]
-    out_shape: tuple[int, ...]
-    dtypes: tuple[str, str, str]                       # lhs, rhs, out
-    dims: tuple[tuple[tuple[int, ...], tuple[int, ...]], tuple[tuple[int, ...], tuple[int, ...]]]
-    where: str                                         # user source file:line (function)
-    lhs_chain: list[Spec | None] = field(default_factory=list)   # layouts along the look-through
-    rhs_chain: list[Spec | None] = field(default_factory=list)
-    out_spec: Spec | None = None
-    out_relayouts: list[Spec | None] = field(default_factory=list)  # layouts of elidable consumers
-    out_used_as_is: bool = False       # the result is also used as laid out (not only relaid out)
-    lhs_transpose: Perm | None = None  # the permutation of a `transpose` that gives the operand
-    rhs_transpose: Perm | None = None  # (before any relayout): XLA may fold it into the dot
 
 
 @dataclass
@@ -473,7 +418,7 @@ class Interpreter:
             pos = self._pos[id(jaxpr)] = {id(e): i for i, e in enumerate(jaxpr.eqns)}
         return pos
 
-    def _operands(self, m: Problem, eqn: Any, producer: dict[Any, Any], view: View = View()) -> tuple[Any, Any]:
+    def _operands(self, m: Problem, eqn: Any, producer: dict[Any, Any], view: View = IDENTITY) -> tuple[Any, Any]:
         """(gathered operand, weight) vars of an all-gather member's dot, before their relayouts."""
         i = _operand_index(m, view)
         x_op, w_op = (m.lhs, m.rhs) if m.pattern.operand == "lhs" else (m.rhs, m.lhs)

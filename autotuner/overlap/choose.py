@@ -15,7 +15,8 @@ from dataclasses import replace
 from typing import Any
 
 from autotuner.answer import Answer
-from autotuner.overlap.apply import Action, DotInfo
+from autotuner.overlap.apply import Action
+from autotuner.overlap.dotview import DotInfo
 from autotuner.overlap.find import Site
 from autotuner.overlap.plan import PlanRow
 from autotuner.problem import GroupedProblem, Problem
@@ -113,25 +114,29 @@ def _decide(mode: str, chosen: Any, client: Any, site: Site, evidence: dict[str,
             s, note = leave, why
     keep = False
     if applies(s, leave):
-        members = [(site.problem, site.info)] if site.group is None else list(
-            zip(site.group.members, site.infos, strict=True))
-        why = next((w for q, info in members if (w := _relayout(q, info)) is not None), None)
-        if why is None and site.extra_users > 0:
-            if site.view.transposes(site.problem.pattern.operand):
-                why = (f"its all-gather's value is also used by {site.extra_users} other instruction(s), "
-                       "in the layout of a transpose that XLA folds into this dot, so the gather would stay")
-            elif s.method == "ring" and site.problem.pattern.kind == "all_gather":
-                keep = True   # the ring also yields the gathered value for the other users
-                note = (f"its all-gather's value is also used by {site.extra_users} other "
-                        "instruction(s): the ring keeps the gathered value for them")
-            else:
-                why = (f"its all-gather's value is also used by {site.extra_users} other instruction(s) "
-                       "(a shared gather), so the gather would stay")
+        why, keep, kept = _keeping(site, s)
+        note = kept or note
         if why is not None and mode == "auto":
             s, note = leave, why + f": {leave.key}"
         elif why is not None:
             note = why
     return s, source, (speedup if s != leave else None), note, keep, d
+
+
+def _keeping(site: Site, s: Strategy) -> tuple[str | None, bool, str]:
+    """(why the decomposition would leave a collective outside it, or None; whether its ring keeps
+    the gathered value for the gather's other users; the note that says so)."""
+    members = [(site.problem, site.info)] if site.group is None else list(
+        zip(site.group.members, site.infos, strict=True))
+    why = next((w for q, info in members if (w := _relayout(q, info)) is not None), None)
+    if why is not None or site.extra_users == 0:
+        return why, False, ""
+    used = f"its all-gather's value is also used by {site.extra_users} other instruction(s)"
+    if site.view.transposes(site.problem.pattern.operand):
+        return f"{used}, in the layout of a transpose that XLA folds into this dot, so the gather would stay", False, ""
+    if s.method == "ring" and site.problem.pattern.kind == "all_gather":
+        return None, True, f"{used}: the ring keeps the gathered value for them"
+    return f"{used} (a shared gather), so the gather would stay", False, ""
 
 
 def in_program_note(ev: dict[str, Any]) -> str:

@@ -26,7 +26,8 @@ from autotuner.hlo.pairs import Pair, find_pairs
 from autotuner.hlo.problems import dot_index, match_dot, several
 from autotuner.hlo.shardings import MeshInfo
 from autotuner.hlo.text import PASS_THROUGH, ExtractError, HloModule, parse_hlo
-from autotuner.overlap.apply import TAG_PREFIX, DotInfo, Interpreter, View
+from autotuner.overlap.apply import TAG_PREFIX, Interpreter
+from autotuner.overlap.dotview import IDENTITY, DotInfo, View, views
 from autotuner.overlap.plan import PlanRow
 from autotuner.problem import GroupedProblem, Problem, problem_from_dict
 from autotuner.strategy import Strategy
@@ -47,7 +48,7 @@ class Site:
     group: GroupedProblem | None = None
     tags: tuple[str, ...] = ()          # the group's dots, in member order
     infos: tuple[DotInfo, ...] = ()
-    view: View = View()     # how the traced dot computes the Problem, where XLA's HLO changed it
+    view: View = IDENTITY   # how the traced dot computes the Problem, where XLA's HLO changed it
     in_loop: bool = False   # the dot runs in a while loop's body (a scanned layer's)
 
     @property
@@ -159,49 +160,6 @@ def mismatch(info: DotInfo, p: Problem) -> str | None:
     return None
 
 
-def views(info: DotInfo) -> list[tuple[DotInfo, View]]:
-    """The traced dot as XLA's HLO may have it before the partitioner, each with its `View`: its
-    operands exchanged (XLA:TPU reorders the operands of some backward dots), a `transpose` that
-    gives an operand folded into the dot (XLA's transpose folding: the HLO dot reads the
-    transpose's input), or both; the fewest changes first. Each is the same product, so any view
-    that matches the Problem computes the traced dot."""
-    folds = [(ql, qr) for ql in (None, info.lhs_transpose) for qr in (None, info.rhs_transpose)]
-    return [_view(info, swapped, ql, qr) for ql, qr in dict.fromkeys(folds) for swapped in (False, True)
-            if swapped or ql or qr]
-
-
-def _view(info: DotInfo, swapped: bool, ql: tuple[int, ...] | None, qr: tuple[int, ...] | None
-          ) -> tuple[DotInfo, View]:
-    """The dot that reads the transposes' inputs (`ql`/`qr`: their permutations, the traced
-    operand's dimension i being the input's dimension q[i]), its operands exchanged if `swapped`,
-    its result in dot_general's order (batch, then its lhs's free dimensions, then its rhs's)."""
-    (lc, rc), (lb, rb) = info.dims
-
-    def operand(shape: tuple[int, ...], q: tuple[int, ...] | None, c: tuple[int, ...], b: tuple[int, ...],
-                side: str) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], list[tuple[str, int]],
-                                    list[tuple[str, int]], tuple[int, ...] | None]:
-        q = q or tuple(range(len(shape)))
-        dims = [0] * len(shape)
-        for i, j in enumerate(q):
-            dims[j] = shape[i]
-        free = [i for i in range(len(shape)) if i not in c and i not in b]
-        axes = tuple(sorted(range(len(q)), key=lambda i: q[i]))   # jnp.transpose axes: traced -> input
-        return (tuple(dims), tuple(q[i] for i in c), tuple(q[i] for i in b), [(side, i) for i in free],
-                [(side, i) for i in sorted(free, key=lambda i: q[i])], None if axes == tuple(range(len(q))) else axes)
-
-    lhs, rhs = operand(info.lhs_shape, ql, lc, lb, "l"), operand(info.rhs_shape, qr, rc, rb, "r")
-    batch = [("b", k) for k in range(len(lb))]
-    traced = batch + lhs[3] + rhs[3]
-    first, second = (rhs, lhs) if swapped else (lhs, rhs)
-    labels = batch + first[4] + second[4]
-    out = tuple(labels.index(t) for t in traced)
-    dtypes = (info.dtypes[1], info.dtypes[0], info.dtypes[2]) if swapped else info.dtypes
-    seen = replace(info, lhs_shape=first[0], rhs_shape=second[0], dtypes=dtypes,
-                   out_shape=tuple(info.out_shape[traced.index(t)] for t in labels),
-                   dims=((first[1], second[1]), (first[2], second[2])))
-    return seen, View(swapped, first[5], second[5], None if out == tuple(range(len(out))) else out)
-
-
 def _auto_layouts(info: DotInfo) -> bool:
     """Whether no operand or result of the traced dot carries an explicit layout."""
     return info.out_spec is None and all(s is None for s in (*info.lhs_chain, *info.rhs_chain, *info.out_relayouts))
@@ -231,26 +189,19 @@ def find_sites(pre_text: str, post_text: str, parts: int, tagger: Interpreter, m
     if all(_ident(p) in seen or (p.dot.computation in manual and tagger.actions) for p in found):
         return Found([], [], notes)   # nothing new (a later round): the propagated module is not read
     pre = parse_hlo(pre_text)
-    pre_dots = dot_index(pre)
-    used: set[str] = set()
+    read = functools.partial(_problem, post=post, pre=pre, pre_dots=dot_index(pre), used=set(), info=info,
+                             shared=several(found), manual=manual)
     sites: list[Site | None] = []
     rows: list[PlanRow] = []
     this_round: set[str] = set()
     mapped_tags: set[str] = set()
     pairs: list[tuple[Pair, int]] = []   # (pair, its site's index) of the mapped pairs
-    shared = several(found)
     for pair in found:
+        if pair.dot.computation in manual and tagger.actions:
+            continue
         op = pair.dot.op_name
         n = times.get(pair.dot.computation, 1)
-        if pair.dot.computation in manual:
-            if tagger.actions:
-                continue
-            problem, why = None, "inside shard_map (already manually partitioned)"
-        elif pair.dot.name in shared:
-            problem, why = None, shared[pair.dot.name]
-        else:
-            got = match_dot(pair, post, pre, pre_dots, used, info)
-            problem, why = (None, got) if isinstance(got, str) else (got, None)
+        problem, why = read(pair)
         tag, ident = _tag(op), _ident(pair)
         if ident in seen and ident not in this_round:
             continue   # planned in an earlier round
@@ -259,7 +210,7 @@ def find_sites(pre_text: str, post_text: str, parts: int, tagger: Interpreter, m
         dot = tagger.infos.get(tag) if tag else None
         name = short_name(dot_label(op, post.arguments(pair.dot)))
         where = dot.where if dot else ""
-        view = View()
+        view = IDENTITY
         if why is None:
             why, view = _unmapped(dot, tag, problem, mapped_tags)
         if why is not None:
@@ -277,6 +228,17 @@ def find_sites(pre_text: str, post_text: str, parts: int, tagger: Interpreter, m
     return Found(sites, rows, notes)
 
 
+def _problem(pair: Pair, *, post: HloModule, pre: HloModule, pre_dots: Any, used: set[str], info: MeshInfo,
+             shared: dict[str, str], manual: set[str]) -> tuple[Problem | None, str | None]:
+    """(the pair's Problem as extraction reads it, or why there is none)."""
+    if pair.dot.computation in manual:
+        return None, "inside shard_map (already manually partitioned)"
+    if pair.dot.name in shared:
+        return None, shared[pair.dot.name]
+    got = match_dot(pair, post, pre, pre_dots, used, info)
+    return (None, got) if isinstance(got, str) else (got, None)
+
+
 def _unmapped(dot: DotInfo | None, tag: str | None, problem: Problem | None, mapped: set[str]
               ) -> tuple[str | None, View]:
     """(why a pair whose HLO maps to `problem` still cannot be decomposed, or None; how the traced
@@ -284,16 +246,16 @@ def _unmapped(dot: DotInfo | None, tag: str | None, problem: Problem | None, map
     decomposed as the Problem, its operands taken and its result given back through the `View`
     (`apply`), with Auto layouts only: an explicit layout would have to be permuted too."""
     if dot is None:
-        return "no traced dot_general carries this dot's name (it was not rebuilt by the pass)", View()
+        return "no traced dot_general carries this dot's name (it was not rebuilt by the pass)", IDENTITY
     if tag in mapped:
-        return "the same dot as another pair (one decomposition per dot)", View()
+        return "the same dot as another pair (one decomposition per dot)", IDENTITY
     assert problem is not None
     why = mismatch(dot, problem)
     if why is not None and _auto_layouts(dot):
         view = next((v for seen, v in views(dot) if mismatch(seen, problem) is None), None)
         if view is not None:
             return None, view
-    return why, View()
+    return why, IDENTITY
 
 
 def _grouped(sites: list[Site | None], rows: list[PlanRow], pairs: list[tuple[Pair, int]]
@@ -308,7 +270,7 @@ def _grouped(sites: list[Site | None], rows: list[PlanRow], pairs: list[tuple[Pa
         idx = [by_pair[id(q)] for q in unit_pairs]
         members = [sites[i] for i in idx]
         assert all(m is not None for m in members)
-        if any(m.view != View() for m in members):  # type: ignore[union-attr]
+        if any(m.view != IDENTITY for m in members):  # type: ignore[union-attr]
             for j, i in enumerate(idx):
                 sites[i] = None
                 rows[i] = replace(rows[i], problem=unit, member=j, source="unmapped",
@@ -330,7 +292,8 @@ def _grouped(sites: list[Site | None], rows: list[PlanRow], pairs: list[tuple[Pa
 FOUND_FORMAT = 4   # 2: a site says whether its dot's operands are swapped; 3: whether it runs in a loop;
 #                   4: its View (operands swapped, transposes folded)
 _FINDER = ("autotuner.overlap.find", "autotuner.hlo.text", "autotuner.hlo.pairs", "autotuner.hlo.problems",
-           "autotuner.hlo.group_pairs", "autotuner.hlo.evaluate", "autotuner.hlo.shardings", "autotuner.hlo.names")
+           "autotuner.hlo.group_pairs", "autotuner.hlo.evaluate", "autotuner.hlo.shardings", "autotuner.hlo.names",
+           "autotuner.overlap.dotview")
 
 
 @functools.cache

@@ -241,7 +241,7 @@ def test_on_xla_tpu_the_tied_lm_head_under_keras_hubs_own_layout_is_decomposed(t
     `ReversibleEmbedding`: `x @ table.T`) into the dot before its partitioner, so the Problem read
     from its HLO reads the table [vocab, hidden] itself (`abc,dc->abd`), not the traced
     transpose: the pair was unmapped ("the compiled dot's operand shapes differ"). The pass now
-    decomposes it through the transpose (`overlap.find.views`; the numerics on CPU:
+    decomposes it through the transpose (`overlap.dotview`; the numerics on CPU:
     tests/autotuner/overlap/test_swapped_operands.py), and the step compiles for the slice."""
     import subprocess
     import sys

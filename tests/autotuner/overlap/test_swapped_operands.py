@@ -1,10 +1,11 @@
-"""A dot whose operands XLA's HLO has in the other order than the traced equation.
+"""A dot whose operands XLA's HLO has in the other order than the traced equation, or whose operand
+it reads before a transpose that it folds into the dot (below).
 
 XLA:TPU reorders the operands of some dots before its partitioner (the backward dots of penzai's
 Llama step: 24 of its 42 pairs on `aot:tpu:v5e:4x2`), so the Problem read from its HLO is the
 traced dot with lhs and rhs exchanged and its output in that order. The pass decomposes such a
 dot as that Problem, its operands exchanged and the result transposed back
-(`overlap.find.swapped_view`, `overlap.apply.traced_order`). XLA:CPU keeps the traced order, so
+(`overlap.dotview`). XLA:CPU keeps the traced order, so
 here its HLO is read as XLA:TPU's would be: every Problem found is swapped (`match_dot` wrapped).
 Each rewrite must equal plain jit, for an all-gather feeding the dot and a reduce-scatter taking
 its result, for every ring of the pair's space. Where the dot's layouts are explicit the pass
