@@ -8,8 +8,10 @@ dot as that Problem, its operands exchanged and the result transposed back
 (`overlap.dotview`). XLA:CPU keeps the traced order, so
 here its HLO is read as XLA:TPU's would be: every Problem found is swapped (`match_dot` wrapped).
 Each rewrite must equal plain jit, for an all-gather feeding the dot and a reduce-scatter taking
-its result, for every ring of the pair's space. Where the dot's layouts are explicit the pass
-leaves it plain, and says why.
+its result, with the first and the last ring of the pair's space (unidirectional unchunked,
+bidirectional chunked and fused: the exchange and transposes around a ring are the same for every
+ring, whose own numerics tests/autotuner/decompose checks). Where the dot's layouts are explicit
+the pass leaves it plain, and says why.
 """
 
 from __future__ import annotations
@@ -96,7 +98,7 @@ def test_a_dot_whose_hlo_swaps_its_operands_is_decomposed_and_equals_plain_jit(n
     assert list(plan)[0].problem == problem and list(plan)[0].source != "unmapped", "\n" + str(plan)
     rings = [s for s in space(problem) if s.method == "ring"]
     assert rings
-    for ring in rings:
+    for ring in (rings[0], rings[-1]):
         ov = overlap(fn, strategy=lambda p, ring=ring: ring, memory=None)
         got = ov.plan(*args)
         assert [r.applied for r in got] == [True], "\n" + str(got)
