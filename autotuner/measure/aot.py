@@ -62,8 +62,12 @@ def quiet_libtpu() -> None:
     """Before JAX first loads libtpu: it probes the host for a TPU when it loads, and naming an
     accelerator type stops most of that (its warnings about the missing chip remain); it also takes
     a lock file (/tmp/libtpu_lockfile) so that one process at a time owns the chips, which a
-    compile-only use need not (JAX's own multi-process tests allow it the same way)."""
+    compile-only use need not (JAX's own multi-process tests allow it the same way). Off a Cloud TPU
+    VM libtpu finds no worker hostnames and logs an `E0000 ... INVALID_ARGUMENT: ... unexpected
+    worker hostname` error with a source trace to stderr on every load; this host as the one worker
+    stops that (the topologies' devices are the same: checked with v5e:4x2, v5p:2x2x2, v4:2x2x4, v6e:4x4)."""
     os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v5litepod-8")
+    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
