@@ -181,13 +181,29 @@ def _problem_for(pair: Pair, post: HloModule, pre: HloModule, cand: Instr, mesh:
     return p
 
 
-def several(pairs: list[Pair]) -> dict[str, str]:
+RESHARDS = frozenset({"all-to-all", "collective-permute"})   # how GSPMD moves an operand to another layout
+
+
+def several(pairs: list[Pair], post: HloModule) -> dict[str, str]:
     """{dot name: why none of its pairs is a Problem} for the dots with more than one collective of
-    their own among `pairs` (extraction and the pass both skip them, for this one reason)."""
+    their own: several pairs among `pairs`, or one whose dot's other operand GSPMD reshards too (an
+    all-to-all or collective-permute before it, through layout-only ops). Extraction and the pass
+    both skip them, for this one reason."""
     per_dot: dict[str, list[Pair]] = {}
     for pair in pairs:
         per_dot.setdefault(pair.dot.name, []).append(pair)
-    return {name: _several(ps) for name, ps in per_dot.items() if len(ps) > 1}
+    out = {name: _several(ps) for name, ps in per_dot.items() if len(ps) > 1}
+    for name, (pair, *_) in per_dot.items():
+        gathered = {"lhs": 0, "rhs": 1}.get(pair.operand or "", -1)
+        moved = [(i, src) for i, o in enumerate(pair.dot.operands[:2])
+                 if i != gathered and (src := post.source(o)) is not None and src.opcode in RESHARDS]
+        if name not in out and moved:
+            i, src = moved[0]
+            out[name] = (f"the dot has 2 collectives of its own ({pair.form} {pair.collective.name}, and its "
+                         f"{('lhs', 'rhs')[i]} arrives through {src.opcode} {src.name}, which GSPMD reshards it "
+                         "with): a Problem decomposes one all-gather or one reduce-scatter per dot, so it is not "
+                         "decomposed")
+    return out
 
 
 def _several(pairs: list[Pair]) -> str:
@@ -263,7 +279,7 @@ def extract_from_hlo(propagated: str, partitioned: str, mesh: Mapping[str, int] 
     manual = manual_computations(post)
     used: set[str] = set()
     mapped: list[tuple[Pair, Problem, int]] = []
-    shared = several(pairs)
+    shared = several(pairs, post)
     for pair in pairs:
         where = pair.where()
         if pair.dot.computation in manual:

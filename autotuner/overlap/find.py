@@ -190,7 +190,7 @@ def find_sites(pre_text: str, post_text: str, parts: int, tagger: Interpreter, m
         return Found([], [], notes)   # nothing new (a later round): the propagated module is not read
     pre = parse_hlo(pre_text)
     read = functools.partial(_problem, post=post, pre=pre, pre_dots=dot_index(pre), used=set(), info=info,
-                             shared=several(found), manual=manual)
+                             shared=several(found, post), manual=manual)
     sites: list[Site | None] = []
     rows: list[PlanRow] = []
     this_round: set[str] = set()
