@@ -160,13 +160,16 @@ def folded(p: Problem, side: str, q: tuple[int, ...]) -> Problem:
 
 # name: (traced equation, stored operands' specs, which operand the dot reads transposed and its
 # permutation, the result's spec): the LM head (reduce-scatter, the table transposed), a
-# sequence-parallel MLP up whose weight is stored [f, d], and one whose gathered activation is a
-# transpose of [b, s, d] (the result's order then differs from the folded dot's)
+# sequence-parallel MLP up whose weight is stored [f, d], one whose gathered activation is a
+# transpose of [b, s, d] (the result's order then differs from the folded dot's), and a batched
+# dot whose per-batch weight is stored [b, d, f]
 FOLDS = {
     "reduce-scatter, weight transposed": ("sf,fd->sd", P(None, "x"), P(None, "x"), "rhs", (1, 0), P("x", None)),
     "all-gather, weight transposed": ("sd,df->sf", P("x", None), P("x", None), "rhs", (1, 0), P(None, "x")),
     "all-gather, activation transposed": ("sbd,df->sbf", P(None, "x", None), P(None, "x"), "lhs", (1, 0, 2),
                                           P(None, None, "x")),
+    "reduce-scatter, batched, weight transposed": ("bsf,bfd->bsd", P(None, None, "x"), P(None, None, "x"), "rhs",
+                                                   (0, 2, 1), P(None, "x", None)),
 }
 
 
