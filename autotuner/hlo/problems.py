@@ -184,6 +184,18 @@ def _problem_for(pair: Pair, post: HloModule, pre: HloModule, cand: Instr, mesh:
 RESHARDS = frozenset({"all-to-all", "collective-permute"})   # how GSPMD moves an operand to another layout
 
 
+def pair_problem(pair: Pair, post: HloModule, pre: HloModule, pre_dots: list[tuple[Instr, tuple[Any, ...]]],
+                 used: set[str], info: MeshInfo, shared: dict[str, str], manual: set[str]) -> Problem | str:
+    """The Problem of `pair`, or why it has none (extraction's rule, which the pass reads too): a dot
+    inside shard_map (`manual`: its computations), a dot with two collectives (`shared`: `several`),
+    else its dot in the propagated module (`match_dot`)."""
+    if pair.dot.computation in manual:
+        return "inside shard_map (already manually partitioned)"
+    if pair.dot.name in shared:
+        return shared[pair.dot.name]
+    return match_dot(pair, post, pre, pre_dots, used, info)
+
+
 def several(pairs: list[Pair], post: HloModule) -> dict[str, str]:
     """{dot name: why none of its pairs is a Problem} for the dots with more than one collective of
     their own: several pairs among `pairs`, or one whose dot's other operand GSPMD reshards too (an
@@ -194,10 +206,12 @@ def several(pairs: list[Pair], post: HloModule) -> dict[str, str]:
         per_dot.setdefault(pair.dot.name, []).append(pair)
     out = {name: _several(ps) for name, ps in per_dot.items() if len(ps) > 1}
     for name, (pair, *_) in per_dot.items():
+        if name in out:
+            continue
         gathered = {"lhs": 0, "rhs": 1}.get(pair.operand or "", -1)
         moved = [(i, src) for i, o in enumerate(pair.dot.operands[:2])
                  if i != gathered and (src := post.source(o)) is not None and src.opcode in RESHARDS]
-        if name not in out and moved:
+        if moved:
             i, src = moved[0]
             out[name] = (f"the dot has 2 collectives of its own ({pair.form} {pair.collective.name}, and its "
                          f"{('lhs', 'rhs')[i]} arrives through {src.opcode} {src.name}, which GSPMD reshards it "
@@ -282,13 +296,7 @@ def extract_from_hlo(propagated: str, partitioned: str, mesh: Mapping[str, int] 
     shared = several(pairs, post)
     for pair in pairs:
         where = pair.where()
-        if pair.dot.computation in manual:
-            skip(skipped, where, "inside shard_map (already manually partitioned)")
-            continue
-        if pair.dot.name in shared:
-            skip(skipped, where, shared[pair.dot.name])
-            continue
-        result = match_dot(pair, post, pre, pre_dots, used, info)
+        result = pair_problem(pair, post, pre, pre_dots, used, info, shared, manual)
         if isinstance(result, str):
             skip(skipped, where, result)
             continue

@@ -23,7 +23,7 @@ from autotuner.hlo.evaluate import in_loops, manual_computations, multiplicity
 from autotuner.hlo.group_pairs import group_units
 from autotuner.hlo.names import dot_label, short_name
 from autotuner.hlo.pairs import Pair, find_pairs
-from autotuner.hlo.problems import dot_index, match_dot, several
+from autotuner.hlo.problems import dot_index, pair_problem, several
 from autotuner.hlo.shardings import MeshInfo
 from autotuner.hlo.text import PASS_THROUGH, ExtractError, HloModule, parse_hlo
 from autotuner.overlap.apply import TAG_PREFIX, Interpreter
@@ -189,7 +189,7 @@ def find_sites(pre_text: str, post_text: str, parts: int, tagger: Interpreter, m
     if all(_ident(p) in seen or (p.dot.computation in manual and tagger.actions) for p in found):
         return Found([], [], notes)   # nothing new (a later round): the propagated module is not read
     pre = parse_hlo(pre_text)
-    read = functools.partial(_problem, post=post, pre=pre, pre_dots=dot_index(pre), used=set(), info=info,
+    read = functools.partial(pair_problem, post=post, pre=pre, pre_dots=dot_index(pre), used=set(), info=info,
                              shared=several(found, post), manual=manual)
     sites: list[Site | None] = []
     rows: list[PlanRow] = []
@@ -201,7 +201,8 @@ def find_sites(pre_text: str, post_text: str, parts: int, tagger: Interpreter, m
             continue
         op = pair.dot.op_name
         n = times.get(pair.dot.computation, 1)
-        problem, why = read(pair)
+        got = read(pair)
+        problem, why = (None, got) if isinstance(got, str) else (got, None)
         tag, ident = _tag(op), _ident(pair)
         if ident in seen and ident not in this_round:
             continue   # planned in an earlier round
@@ -226,17 +227,6 @@ def find_sites(pre_text: str, post_text: str, parts: int, tagger: Interpreter, m
         pairs.append((pair, len(sites) - 1))
     sites, rows = _grouped(sites, rows, pairs)
     return Found(sites, rows, notes)
-
-
-def _problem(pair: Pair, *, post: HloModule, pre: HloModule, pre_dots: Any, used: set[str], info: MeshInfo,
-             shared: dict[str, str], manual: set[str]) -> tuple[Problem | None, str | None]:
-    """(the pair's Problem as extraction reads it, or why there is none)."""
-    if pair.dot.computation in manual:
-        return None, "inside shard_map (already manually partitioned)"
-    if pair.dot.name in shared:
-        return None, shared[pair.dot.name]
-    got = match_dot(pair, post, pre, pre_dots, used, info)
-    return (None, got) if isinstance(got, str) else (got, None)
 
 
 def _unmapped(dot: DotInfo | None, tag: str | None, problem: Problem | None, mapped: set[str]

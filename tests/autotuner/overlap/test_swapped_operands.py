@@ -6,7 +6,7 @@ Llama step: 24 of its 42 pairs on `aot:tpu:v5e:4x2`), so the Problem read from i
 traced dot with lhs and rhs exchanged and its output in that order. The pass decomposes such a
 dot as that Problem, its operands exchanged and the result transposed back
 (`overlap.dotview`). XLA:CPU keeps the traced order, so
-here its HLO is read as XLA:TPU's would be: every Problem found is swapped (`match_dot` wrapped).
+here its HLO is read as XLA:TPU's would be: every Problem found is swapped (`hlo.problems.match_dot` wrapped).
 Each rewrite must equal plain jit, for an all-gather feeding the dot and a reduce-scatter taking
 its result, with the first and the last ring of the pair's space (unidirectional unchunked,
 bidirectional chunked and fused: the exchange and transposes around a ring are the same for every
@@ -16,6 +16,7 @@ the pass leaves it plain, and says why.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -25,7 +26,8 @@ from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from autotuner import Problem, space
-from autotuner.overlap import find, overlap
+from autotuner.hlo import problems
+from autotuner.overlap import overlap
 from autotuner.testing import TOLERANCE, relative_error
 
 
@@ -42,20 +44,39 @@ def swapped(p: Problem) -> Problem:
                               "rhs": d["lhs"], "out_spec": [spec[c] for c in out]})
 
 
-@pytest.fixture
-def as_tpu_reads(monkeypatch: pytest.MonkeyPatch) -> list[Problem]:
-    """Every Problem the pass reads from the HLO swapped; the list of those it read."""
-    real, seen = find.match_dot, []
+def _reads_as(monkeypatch: pytest.MonkeyPatch, change: Callable[[Problem], Problem]) -> list[Problem]:
+    """Every Problem read from the HLO (`hlo.problems.match_dot`, which extraction and the pass
+    call) `change`d, as XLA:TPU's HLO would give it; the list of those read."""
+    real, seen = problems.match_dot, []
 
     def match(*a: Any, **k: Any) -> Any:
         got = real(*a, **k)
         if isinstance(got, Problem):
-            got = swapped(got)
+            got = change(got)
             seen.append(got)
         return got
 
-    monkeypatch.setattr(find, "match_dot", match)
+    monkeypatch.setattr(problems, "match_dot", match)
     return seen
+
+
+@pytest.fixture
+def as_tpu_reads(monkeypatch: pytest.MonkeyPatch) -> list[Problem]:
+    """Every Problem the pass reads from the HLO swapped; the list of those it read."""
+    return _reads_as(monkeypatch, swapped)
+
+
+def _first_and_last_rings_equal_plain(fn: Any, args: tuple[Any, ...], problem: Problem) -> None:
+    """The pair decomposed by the first and the last ring of its space, each equal to plain jit."""
+    want = fn(*args)
+    rings = [s for s in space(problem) if s.method == "ring"]
+    assert rings
+    for ring in (rings[0], rings[-1]):
+        ov = overlap(fn, strategy=lambda p, ring=ring: ring, memory=None)
+        got = ov.plan(*args)
+        assert [r.applied for r in got] == [True], "\n" + str(got)
+        err = relative_error(ov(*args), want)
+        assert err <= TOLERANCE["float32"], (ring.key, err)
 
 
 def _mesh(kind: AxisType) -> Any:
@@ -91,19 +112,11 @@ def _case(name: str, mesh: Any) -> tuple[Any, tuple[Any, Any]]:
 @pytest.mark.parametrize("name", list(CASES))
 def test_a_dot_whose_hlo_swaps_its_operands_is_decomposed_and_equals_plain_jit(name: str, as_tpu_reads: list) -> None:
     fn, args = _case(name, _mesh(AxisType.Auto))
-    want = fn(*args)
     plan = overlap(fn, strategy="plain").plan(*args)
     assert len(plan) == 1 and as_tpu_reads, "\n" + str(plan)
     problem = as_tpu_reads[0]
     assert list(plan)[0].problem == problem and list(plan)[0].source != "unmapped", "\n" + str(plan)
-    rings = [s for s in space(problem) if s.method == "ring"]
-    assert rings
-    for ring in (rings[0], rings[-1]):
-        ov = overlap(fn, strategy=lambda p, ring=ring: ring, memory=None)
-        got = ov.plan(*args)
-        assert [r.applied for r in got] == [True], "\n" + str(got)
-        err = relative_error(ov(*args), want)
-        assert err <= TOLERANCE["float32"], (ring.key, err)
+    _first_and_last_rings_equal_plain(fn, args, problem)
 
 
 def test_with_explicit_layouts_a_swapped_dot_stays_plain_and_says_why(as_tpu_reads: list) -> None:
@@ -191,18 +204,7 @@ def _folds(name: str, mesh: Any) -> tuple[Any, tuple[Any, Any]]:
 
 def _reads_folded(monkeypatch: pytest.MonkeyPatch, side: str, q: tuple[int, ...], swap: bool = False) -> list[Problem]:
     """Every Problem the pass reads from the HLO `folded` (and swapped); the list of those it read."""
-    real, seen = find.match_dot, []
-
-    def match(*a: Any, **k: Any) -> Any:
-        got = real(*a, **k)
-        if not isinstance(got, Problem):
-            return got
-        got = folded(got, side, q)
-        seen.append(swapped(got) if swap else got)
-        return seen[-1]
-
-    monkeypatch.setattr(find, "match_dot", match)
-    return seen
+    return _reads_as(monkeypatch, lambda p: swapped(folded(p, side, q)) if swap else folded(p, side, q))
 
 
 @pytest.mark.parametrize("swap", [False, True], ids=["folded", "folded and swapped"])
@@ -211,15 +213,8 @@ def test_a_dot_whose_hlo_folds_a_transpose_is_decomposed_and_equals_plain_jit(
         name: str, swap: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     seen = _reads_folded(monkeypatch, FOLDS[name][3], FOLDS[name][4], swap)
     fn, args = _folds(name, _mesh(AxisType.Auto))
-    want = fn(*args)
     assert list(overlap(fn, strategy="plain").plan(*args))[0].problem == seen[0]
-    rings = [s for s in space(seen[0]) if s.method == "ring"]
-    for ring in (rings[0], rings[-1]):
-        ov = overlap(fn, strategy=lambda p, ring=ring: ring, memory=None)
-        got = ov.plan(*args)
-        assert [r.applied for r in got] == [True], "\n" + str(got)
-        err = relative_error(ov(*args), want)
-        assert err <= TOLERANCE["float32"], (ring.key, err)
+    _first_and_last_rings_equal_plain(fn, args, seen[0])
 
 
 def test_a_gathered_transpose_with_other_users_is_decomposed_without_keeping_it(monkeypatch: pytest.MonkeyPatch) -> None:
