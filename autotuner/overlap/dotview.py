@@ -10,7 +10,7 @@ the one that matched.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax.numpy as jnp
 
@@ -82,33 +82,44 @@ def views(info: DotInfo) -> list[tuple[DotInfo, View]]:
             if swapped or ql or qr]
 
 
-def _view(info: DotInfo, swapped: bool, ql: tuple[int, ...] | None, qr: tuple[int, ...] | None
-          ) -> tuple[DotInfo, View]:
-    """The dot that reads the transposes' inputs (`ql`/`qr`: their permutations, the traced
-    operand's dimension i being the input's dimension q[i]), its operands exchanged if `swapped`,
-    its result in dot_general's order (batch, then its lhs's free dimensions, then its rhs's)."""
+class _Operand(NamedTuple):
+    """One operand of a view: the transpose's input in place of the traced operand."""
+
+    shape: tuple[int, ...]
+    contracting: tuple[int, ...]
+    batch: tuple[int, ...]
+    traced_free: list[tuple[str, int]]   # its free dimensions' labels, in the traced operand's order
+    free: list[tuple[str, int]]          # the same, in the input's order
+    axes: Perm | None                    # jnp.transpose axes: traced operand -> input (None: the same)
+
+
+def _operand(shape: tuple[int, ...], q: Perm | None, c: tuple[int, ...], b: tuple[int, ...], side: str) -> _Operand:
+    """The input of a transpose of permutation `q` (the traced operand's dimension i is its q[i];
+    None: no transpose) that gives an operand of shape `shape`, contracting `c` and batch `b`."""
+    q = q or tuple(range(len(shape)))
+    dims = [0] * len(shape)
+    for i, j in enumerate(q):
+        dims[j] = shape[i]
+    free = [i for i in range(len(shape)) if i not in c and i not in b]
+    axes = tuple(sorted(range(len(q)), key=lambda i: q[i]))
+    return _Operand(tuple(dims), tuple(q[i] for i in c), tuple(q[i] for i in b), [(side, i) for i in free],
+                    [(side, i) for i in sorted(free, key=lambda i: q[i])],
+                    None if axes == tuple(range(len(q))) else axes)
+
+
+def _view(info: DotInfo, swapped: bool, ql: Perm | None, qr: Perm | None) -> tuple[DotInfo, View]:
+    """The dot that reads the transposes' inputs (`ql`/`qr`: their permutations, `_operand`), its
+    operands exchanged if `swapped`, its result in dot_general's order (batch, then its lhs's free
+    dimensions, then its rhs's)."""
     (lc, rc), (lb, rb) = info.dims
-
-    def operand(shape: tuple[int, ...], q: tuple[int, ...] | None, c: tuple[int, ...], b: tuple[int, ...],
-                side: str) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], list[tuple[str, int]],
-                                    list[tuple[str, int]], tuple[int, ...] | None]:
-        q = q or tuple(range(len(shape)))
-        dims = [0] * len(shape)
-        for i, j in enumerate(q):
-            dims[j] = shape[i]
-        free = [i for i in range(len(shape)) if i not in c and i not in b]
-        axes = tuple(sorted(range(len(q)), key=lambda i: q[i]))   # jnp.transpose axes: traced -> input
-        return (tuple(dims), tuple(q[i] for i in c), tuple(q[i] for i in b), [(side, i) for i in free],
-                [(side, i) for i in sorted(free, key=lambda i: q[i])], None if axes == tuple(range(len(q))) else axes)
-
-    lhs, rhs = operand(info.lhs_shape, ql, lc, lb, "l"), operand(info.rhs_shape, qr, rc, rb, "r")
+    lhs, rhs = _operand(info.lhs_shape, ql, lc, lb, "l"), _operand(info.rhs_shape, qr, rc, rb, "r")
     batch = [("b", k) for k in range(len(lb))]
-    traced = batch + lhs[3] + rhs[3]
+    traced = batch + lhs.traced_free + rhs.traced_free
     first, second = (rhs, lhs) if swapped else (lhs, rhs)
-    labels = batch + first[4] + second[4]
+    labels = batch + first.free + second.free
     out = tuple(labels.index(t) for t in traced)
     dtypes = (info.dtypes[1], info.dtypes[0], info.dtypes[2]) if swapped else info.dtypes
-    seen = replace(info, lhs_shape=first[0], rhs_shape=second[0], dtypes=dtypes,
+    seen = replace(info, lhs_shape=first.shape, rhs_shape=second.shape, dtypes=dtypes,
                    out_shape=tuple(info.out_shape[traced.index(t)] for t in labels),
-                   dims=((first[1], second[1]), (first[2], second[2])))
-    return seen, View(swapped, first[5], second[5], None if out == tuple(range(len(out))) else out)
+                   dims=((first.contracting, second.contracting), (first.batch, second.batch)))
+    return seen, View(swapped, first.axes, second.axes, None if out == tuple(range(len(out))) else out)
