@@ -232,6 +232,22 @@ class Overlapped:
             return ov.lower(state, *rest, **kw)
         return self._prepare(args, kwargs).jitted.lower(*args, **kwargs)
 
+    def compiled(self, *args: Any, **kwargs: Any) -> Any:
+        """The compiled program the calls run for these arguments (a `jax.stages.Compiled`, as
+        `jax.jit(...).lower(...).compile()` gives: `as_text()`, `memory_analysis()`,
+        `cost_analysis()`), without compiling it again where the preparation compiled it; where
+        the calls run a jitted function (plain jit, or static arguments), its lowering compiled."""
+        import jax
+
+        inner = self._of_objects(args, kwargs)
+        if inner is not None:
+            ov, _objs, state, rest, kw = inner
+            return ov.compiled(state, *rest, **kw)
+        prepared = self._prepare(args, kwargs)
+        if isinstance(prepared.call, jax.stages.Compiled):
+            return prepared.call
+        return prepared.jitted.lower(*args, **kwargs).compile()
+
     def _of_objects(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
         """Where Flax NNX objects are among the arguments (a step written for `nnx.jit`): the pass
         over a pure function of their state (`overlap.nnx`, one per graph), the objects, their

@@ -103,7 +103,7 @@ def run_forced(fn: Callable[..., Any], args: tuple[Any, ...], want: Any, occurre
     # every all-gather of activations is gone (what is left gathers the loss's int32 indices): the
     # rings move the data, and where the gathered value has other users (the weight gradients
     # reuse the forward input and the output gradient) the ring's kept copy serves them
-    hlo = ov.lower(*args).compile().as_text()
+    hlo = ov.compiled(*args).as_text()
     left = re.findall(r"= (?:f32|bf16|f16)\[[^\]]*\]\S* all-gather(?:-start)?\(.*", hlo)
     assert not left, [line[:300] for line in left]
     if check_extract:
@@ -160,7 +160,7 @@ def check_memory(fn: Callable[..., Any], args: tuple[Any, ...], want: Any, keeps
 
     ov = overlap(fn, strategy=first_ring)
     plan = ov.plan(*args)
-    real = ov.lower(*args).compile().memory_analysis().temp_size_in_bytes
+    real = ov.compiled(*args).memory_analysis().temp_size_in_bytes
     assert plan.memory.plain_bytes == fn.lower(*args).compile().memory_analysis().temp_size_in_bytes
     assert plan.memory.overlapped_bytes == real
     assert real <= plan.memory.plain_bytes * (1 + DEFAULT_BOUND), "\n" + str(plan)

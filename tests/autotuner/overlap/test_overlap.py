@@ -378,7 +378,7 @@ def test_auto_on_a_training_step_keeps_shared_gathers_for_their_other_users(tmp_
         assert len(kept) >= len(served) and all("take it)" in r.note for r in kept), "\n" + str(plan)
         # the only all-gathers left feed dots that are not Problems (a weight gradient on the
         # data x model mesh, whose gather XLA did not share with the input gradient's)
-        hlo = ov.lower(*args).compile().as_text()
+        hlo = ov.compiled(*args).as_text()
         left = re.findall(r"= (?:f32|bf16|f16)\[[^\]]*\]\S* all-gather(?:-start)?\(", hlo)
         assert len(left) <= sum(r.source == "unmapped" and r.form == "all-gather" for r in plan)
         if kind == "explicit":
@@ -497,8 +497,9 @@ def test_bad_arguments_are_one_line_errors():
 
 
 def test_decorator_form_and_the_first_call_compiles_nothing(monkeypatch):
-    """plan() compiled the program that runs: calling it makes no XLA compile (counted where JAX
-    hands a module to the backend)."""
+    """plan() compiled the program that runs: calling it, or asking for it (`compiled`, the
+    executable the calls run), makes no XLA compile (counted where JAX hands a module to the
+    backend); a plain-jit fallback's `compiled` compiles its program."""
     from jax._src import compiler
 
     forward, _, args = program("explicit", (4,), layers=1)
@@ -509,6 +510,13 @@ def test_decorator_form_and_the_first_call_compiles_nothing(monkeypatch):
     monkeypatch.setattr(compiler, "backend_compile_and_load",
                         lambda *a, **k: compiles.append(1) or real(*a, **k))
     ov(*args)
+    exe = ov.compiled(*args)
     assert compiles == []
+    assert isinstance(exe, jax.stages.Compiled) and "collective-permute" in exe.as_text()
+    assert exe.memory_analysis().temp_size_in_bytes == ov.plan(*args).memory.overlapped_bytes
     jax.jit(lambda x: x * 3.0)(args[1])   # the counter sees a compile where there is one
     assert compiles == [1]
+    plain = overlap(forward, strategy="baseline", memory=None)
+    assert not any(r.applied for r in plain.plan(*args))
+    before = len(compiles)
+    assert isinstance(plain.compiled(*args), jax.stages.Compiled) and len(compiles) == before + 1
