@@ -143,7 +143,7 @@ def measure(layers: int, reps: int, passes: bool = False, model: str = MODELS[0]
     # the programs' sizes, after the timings: StableHLO lines, compiled HLO instructions
     rewritten = ov.lower(*args)
     sizes = {"stablehlo": [_lines(lowered.as_text()), _lines(rewritten.as_text())],
-             "instructions": [_instructions(plain.as_text()), _instructions(rewritten.compile().as_text())]}
+             "instructions": [_instructions(plain.as_text()), _instructions(ov.compiled(*args).as_text())]}
     events = [_compile_events(lowered), _compile_events(rewritten)] if passes else []
     return {"layers": layers, "jit_s": jit_s, "overlap_s": ov_s, "pairs": pairs, "applied": applied,
             "temp_mb_plain": plain_mb, "temp_mb_overlap": ov_mb, "phases": phases, "sizes": sizes,
