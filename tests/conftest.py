@@ -24,6 +24,17 @@ from db import upgrade  # noqa: E402
 
 REQUIRE_TPU_ENV = "AUTOTUNER_REQUIRE_TPU"
 
+# Modules collected last that hold minute-long subprocess tests (the README's commands, the bare
+# package's venv): run first, so that none of them starts when the other workers are nearly done
+# and the run waits on it alone (pytest-xdist hands tests out in collection order).
+FIRST = ("tests/test_readme.py", "tests/test_package.py")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    first = [i for i in items if i.nodeid.startswith(FIRST)]
+    if first:
+        items[:] = first + [i for i in items if not i.nodeid.startswith(FIRST)]
+
 
 @pytest.fixture(scope="session")
 def tpu_devices() -> Callable[[str], list[Any]]:
