@@ -32,7 +32,9 @@ instructions, fused computations' included.
 (JAX_COMPILATION_CACHE_DIR in a temporary folder): the first fills it, the second is timed (jit
 and overlap both warm), which is what a restarted training job pays.
 `--passes`: both programs compiled once more under `jax.profiler`, and the compile's events
-(XLA's passes and pipelines) that grow most from the plain program to the overlapped one.
+(XLA's passes and pipelines) that grow most from the plain program to the overlapped one; and once
+more with XLA's dumps, and the module's instructions at stages of XLA's pipeline (after the call
+graph is flattened, Shardy, the partitioner, layout assignment), plain against overlapped.
 """
 
 from __future__ import annotations
@@ -82,6 +84,36 @@ def _compile_events(lowered: object) -> dict[str, float]:
                 for ev in line.events:
                     tot[ev.name] += ev.duration_ns / 1e9
     return dict(tot)
+
+
+# XLA:CPU's pipeline stages whose module sizes `--passes` prints (dumped after these passes)
+STAGES = ("flatten-call-graph", "shardy-xla", "spmd-partitioning", "layout-assignment")
+
+
+def _stage_sizes(lowered: object) -> dict[str, int]:
+    """Instructions of `lowered`'s module after each pass of STAGES (its pipeline and pass as the
+    dump names them), before optimizations and compiled: one fresh compile with XLA's dumps."""
+    import glob
+    import re
+
+    import jax
+
+    sizes = {}
+    with tempfile.TemporaryDirectory(prefix="pass-cost-stages-") as d:
+        jax.clear_caches()
+        lowered.compile(compiler_options={"xla_dump_to": d, "xla_dump_hlo_as_text": True,  # type: ignore[attr-defined]
+                                          "xla_dump_hlo_pass_re": "|".join(STAGES)})
+        for f in sorted(glob.glob(os.path.join(d, "*.txt"))):
+            name = os.path.basename(f)
+            m = re.search(r"\.(?:\d{4}\.)?([^.]+)\.after_(" + "|".join(STAGES) + r")\.", name)
+            stage = (f"{m.group(1)}: after {m.group(2)}" if m else "before optimizations"
+                     if name.endswith(".before_optimizations.txt") else "compiled"
+                     if name.endswith("after_optimizations.txt") else None)
+            if stage and stage not in sizes:
+                with open(f) as fh:
+                    sizes[stage] = len(re.findall(r"^\s+(?:ROOT )?%?\S+ = ", fh.read(), re.M))
+    order = ["before optimizations", *(k for k in sizes if ": after " in k), "compiled"]   # as XLA runs them
+    return {k: sizes[k] for k in order if k in sizes}
 
 
 MODELS = ("keras-llama", "penzai-neox", "flax-scan", "example")
@@ -145,9 +177,10 @@ def measure(layers: int, reps: int, passes: bool = False, model: str = MODELS[0]
     sizes = {"stablehlo": [_lines(lowered.as_text()), _lines(rewritten.as_text())],
              "instructions": [_instructions(plain.as_text()), _instructions(ov.compiled(*args).as_text())]}
     events = [_compile_events(lowered), _compile_events(rewritten)] if passes else []
+    stages = [_stage_sizes(lowered), _stage_sizes(rewritten)] if passes else []
     return {"layers": layers, "jit_s": jit_s, "overlap_s": ov_s, "pairs": pairs, "applied": applied,
             "temp_mb_plain": plain_mb, "temp_mb_overlap": ov_mb, "phases": phases, "sizes": sizes,
-            "events": events}
+            "events": events, "stages": stages}
 
 
 def _bound(text: str) -> float | None:
@@ -201,7 +234,7 @@ def main() -> None:
     ap.add_argument("--memory", type=_bound, default=0.05, help="the memory bound (a fraction, or none)")
     ap.add_argument("--reps", type=int, default=2, help="interleaved repetitions per depth")
     ap.add_argument("--restart", action="store_true", help="time a second process on a warm persistent cache")
-    ap.add_argument("--passes", action="store_true", help="also profile both compiles: XLA's passes that grow most")
+    ap.add_argument("--passes", action="store_true", help="also profile both compiles: XLA's passes that grow most, the module's size through the pipeline")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)   # internal: one depth, JSON out
     a = ap.parse_args()
     if a.passes and a.restart:
@@ -246,6 +279,13 @@ def main() -> None:
                   "\n| event | plain jit | overlapped |\n|---|---|---|")
             for k in grown:
                 print(f"| {k[:70]} | {plain_ev.get(k, 0):.2f} | {ov_ev.get(k, 0):.2f} |")
+        if r.get("stages"):
+            plain_st, ov_st = r["stages"]  # type: ignore[misc]
+            print(f"\nthe module through XLA's pipeline, {r['layers']} layers (instructions, fused computations' "
+                  "included)\n| stage | plain jit | overlapped |\n|---|---|---|")
+            for k in plain_st:
+                if k in ov_st:
+                    print(f"| {k} | {plain_st[k]} | {ov_st[k]} ({100 * (ov_st[k] / plain_st[k] - 1):+.0f}%) |")
 
 
 if __name__ == "__main__":
