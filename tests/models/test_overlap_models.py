@@ -84,10 +84,11 @@ def assert_close(got: Any, want: Any, dtype: str = "float32") -> None:
         assert err <= tol, f"relative error {err:.3g} > {tol:g}"
 
 
-def run_forced(fn: Callable[..., Any], args: tuple[Any, ...], want: Any, occurrences: int,
+def run_forced(fn: Callable[..., Any], args: tuple[Any, ...], want: Any, occurrences: int, grouped: int,
                chooser: Callable[[Problem], Strategy], *, check_extract: bool) -> Any:
     """overlap(fn, strategy=chooser) equals plain jit, decomposes every mapped pair (as many as
-    extraction counts on the plain program), and leaves no decomposable pair."""
+    extraction counts on the plain program: `occurrences` dots, `grouped` of them in grouped
+    gathers), and leaves no decomposable pair."""
     ov = overlap(fn, strategy=chooser, memory=None)
     plan = ov.plan(*args)
     applied = [r for r in plan if r.applied]
@@ -96,7 +97,6 @@ def run_forced(fn: Callable[..., Any], args: tuple[Any, ...], want: Any, occurre
     assert sum(r.count for r in applied) == occurrences, "\n" + str(plan)
     assert all(r.strategy == chooser(r.problem) and r.source == "callable" for r in applied)
     # the dots of one all-gather run as their GroupedProblem's one ring, as extraction groups them
-    grouped = sum(c * len(p.members) for p, c in extract(fn, *args) if isinstance(p, GroupedProblem))
     assert grouped and sum(r.count for r in applied if r.member is not None) == grouped, "\n" + str(plan)
     assert all(isinstance(r.problem, GroupedProblem) for r in applied if r.member is not None)
     assert_close(ov(*args), want)
@@ -130,6 +130,7 @@ def check_model(model: str, name: str, *, extract_each: bool) -> None:
     report = extract_report(fn, *args)
     found = report.problems
     occurrences = sum(c * len(getattr(p, "members", (p,))) for p, c in found)
+    grouped = sum(c * len(p.members) for p, c in found if isinstance(p, GroupedProblem))
     dots, problems = PER_BLOCK[model][name]
     assert occurrences == dots * L
     assert sum(c for _, c in found) == problems * L
@@ -144,7 +145,7 @@ def check_model(model: str, name: str, *, extract_each: bool) -> None:
 
     strategies: set[str] = set()
     for i, chooser in enumerate((first_ring, last_ring)):
-        plan = run_forced(fn, args, want, occurrences, chooser, check_extract=extract_each or i == 0)
+        plan = run_forced(fn, args, want, occurrences, grouped, chooser, check_extract=extract_each or i == 0)
         strategies |= {r.strategy.key for r in plan if r.applied}
     # two distinct strategies per pattern: rolled/unchunked, and chunked
     assert any("-c1-" in k for k in strategies) and any("-c4-" in k or "-c2-" in k for k in strategies)
