@@ -148,6 +148,9 @@ def test_an_nnx_step_that_returns_its_objects_gives_the_callers_own_back() -> No
         got, up, new, _ = jit(step)(model, x)
         assert got is model and up is model.up and float(model.count[...]) == 1.0
         assert isinstance(new, nnx.Linear) and new.kernel[...].shape == (4, 2)
+    # with NNX objects among the arguments, the executable of the program of their state (as `lower`)
+    exe = overlap(step, strategy="baseline").compiled(Model(nnx.Rngs(0)), x)
+    assert isinstance(exe, jax.stages.Compiled) and "dot(" in exe.as_text()
 
 
 def test_the_same_layout_spelled_without_its_trailing_dimensions_is_not_prepared_again() -> None:
