@@ -91,8 +91,9 @@ STAGES = ("flatten-call-graph", "shardy-xla", "spmd-partitioning", "layout-assig
 
 
 def _stage_sizes(lowered: object) -> dict[str, int]:
-    """Instructions of `lowered`'s module after each pass of STAGES (its pipeline and pass as the
-    dump names them), before optimizations and compiled: one fresh compile with XLA's dumps."""
+    """Instructions of `lowered`'s module (`_instructions`) after each pass of STAGES (its pipeline
+    and pass as the dump names them), before optimizations and compiled: one fresh compile with
+    XLA's dumps."""
     import glob
     import re
 
@@ -111,7 +112,7 @@ def _stage_sizes(lowered: object) -> dict[str, int]:
                      if name.endswith("after_optimizations.txt") else None)
             if stage and stage not in sizes:
                 with open(f) as fh:
-                    sizes[stage] = len(re.findall(r"^\s+(?:ROOT )?%?\S+ = ", fh.read(), re.M))
+                    sizes[stage] = _instructions(fh.read())
     order = ["before optimizations", *(k for k in sizes if ": after " in k), "compiled"]   # as XLA runs them
     return {k: sizes[k] for k in order if k in sizes}
 
