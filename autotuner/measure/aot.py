@@ -25,6 +25,7 @@ from typing import Any
 from autotuner.device import Device
 from autotuner.errors import AutotunerError
 from autotuner.measure.session import COMM, COMP
+from autotuner.measure.targets import cpu_unless_chosen
 from autotuner.problem import GroupedProblem, Problem
 from autotuner.strategy import Strategy
 
@@ -68,8 +69,8 @@ def quiet_libtpu() -> None:
     stops that (the topologies' devices are the same: checked with v5e:4x2, v5p:2x2x2, v4:2x2x4, v6e:4x4)."""
     os.environ.setdefault("TPU_ACCELERATOR_TYPE", "v5litepod-8")
     os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    cpu_unless_chosen()   # the slice is only compiled for: JAX itself runs on the CPU
 
 
 def topology_devices(spec: AotSpec) -> list[Any]:

@@ -97,7 +97,21 @@ def prepare_inproc(n: int) -> None:
         return
     flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "host_platform_device_count" not in f]
     os.environ["XLA_FLAGS"] = " ".join(flags + [flag])
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    cpu_unless_chosen()
+
+
+def cpu_unless_chosen() -> None:
+    """JAX's platforms: the CPU alone unless the user chose (JAX_PLATFORMS, or jax.config's
+    `jax_platforms`), set before JAX starts its backends. JAX reads JAX_PLATFORMS when it is
+    imported, so where it is imported already (`backends_started` imports it) its config is set too:
+    the variable alone did nothing there, and a GPU host's `inproc:N` started CUDA, a host with
+    libtpu installed probed for a TPU (its warnings and an `E0000 ... INVALID_ARGUMENT` on stderr)."""
+    if backends_started():
+        return
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")   # and for a later import, and child processes
+    jax = sys.modules.get("jax")
+    if jax is not None and not jax.config.jax_platforms:
+        jax.config.update("jax_platforms", os.environ["JAX_PLATFORMS"])
 
 
 class TargetSession:
