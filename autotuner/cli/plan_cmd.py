@@ -118,7 +118,7 @@ def plan_cmd(
         winners = make_client(db=db, service=service, snapshot=snapshot, device=device,
                               n=mesh_size(prog), tmpdir=tmp, prefer=prefer.key if prefer else None)
         where = f" on {prefer.label}, {ESTIMATED_LABEL}" if prefer else ""
-        err.print(f"planning {target}{where}; {winners.where}", highlight=False)
+        err.print(f"planning {target}{where}; {winners.said(chosen)}", highlight=False)
         ov = overlap(fn, strategy=chosen, client=winners.client, memory=bound)
         if run_mesh is not None:
             with jax.set_mesh(run_mesh):

@@ -112,7 +112,7 @@ def open_program(tgt: Any, target: str, fkw: dict[str, Any], shape: dict[str, in
         winners = make_client(**sources, n=n, tmpdir=tmp, prefer=dev.key)
         if check is not None:
             check(winners, dev)
-        say(f"{verb} {target} on {tgt.text} ({dev.label}); {winners.where}")
+        say(f"{verb} {target} on {tgt.text} ({dev.label}); {winners.said(strategy)}")
         return winners
 
     if tgt.kind == "lab":

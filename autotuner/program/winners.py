@@ -93,6 +93,13 @@ class Winners:
     snapshot: str | None = None   # the snapshot file the client answers from
     device: Any = None            # the Device whose winners it answers
 
+    def said(self, strategy: Any) -> str:
+        """The line a command prints of its winners: where they come from, or, where `--strategy`
+        names one strategy for every pair, that they go unused."""
+        if strategy == "auto":
+            return self.where
+        return f"--strategy {strategy if isinstance(strategy, str) else strategy.key} for every pair: no winners used"
+
 
 def _default_db() -> str | None:
     """The results database `--db` means by default (AUTOTUNER_DB_URL, else ./autotuner.db), where

@@ -128,3 +128,15 @@ def test_plan_from_the_database_a_tune_wrote(tmp_path):
     r = run(["plan", "tiny:program", "--json", "--memory", "none"], tmp_path)
     assert r.returncode == 0 and "winners from --db sqlite:///" in r.stderr and "autotuner.db" in r.stderr, r.stderr
     assert [json.loads(x) for x in r.stdout.splitlines()] == [row]
+
+
+def test_a_forced_strategy_says_its_winners_go_unused():
+    """`plan`/`bench-model --strategy KEY` force every pair, so the line naming the winners' source
+    says they go unused (it said "every pair stays baseline" above a table of forced rings)."""
+    from autotuner.program.winners import Winners
+
+    w = Winners(None, "no winners source (--db, --service, --snapshot, or ./autotuner.db): every pair stays baseline")
+    assert w.said("auto") == w.where
+    ring = Strategy.from_key("ring-uni-c1-ufull-loop-send")
+    assert w.said(ring) == "--strategy ring-uni-c1-ufull-loop-send for every pair: no winners used"
+    assert w.said("baseline") == "--strategy baseline for every pair: no winners used"
