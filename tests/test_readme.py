@@ -146,7 +146,8 @@ def cli_root() -> Any:
 
 def test_every_command_renders_its_help() -> None:
     """`autotuner ... --help` for every command of the click tree, in-process: exits 0 and names
-    the command's options (a help text typer cannot render fails here, not on a user's screen)."""
+    the command's options, each paragraph of its help on one line (a help text typer cannot render
+    fails here, not on a user's screen)."""
     from typer.testing import CliRunner
 
     from autotuner.cli import app
@@ -163,6 +164,9 @@ def test_every_command_renders_its_help() -> None:
         for p in cmd.params:
             if p.opts[0].startswith("--") and not getattr(p, "hidden", False):
                 assert p.opts[0] in r.output, f"autotuner {' '.join(path)} --help does not show {p.opts[0]}"
+        # a paragraph is one line: rich keeps a help text's line breaks, so a docstring wrapped
+        # in the source came out ragged in a terminal of another width (`cli.common.reflow_help`)
+        assert all("\n" not in para for para in (cmd.help or "").split("\n\n")), (path, cmd.help)
         seen += 1
     assert seen > 10, seen
 

@@ -19,8 +19,9 @@ def _registered() -> Any:
     """The Typer app with every command group registered on it."""
     for name in COMMANDS:
         importlib.import_module(f"autotuner.cli.{name}")
-    from autotuner.cli.common import app
+    from autotuner.cli.common import app, reflow_help
 
+    reflow_help(app)
     return app
 
 

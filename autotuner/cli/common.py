@@ -41,6 +41,21 @@ def _root(version: bool = typer.Option(False, "--version", callback=_version, is
     """Pick, per sharded einsum and device, the fastest collective/einsum overlap."""
 
 
+def reflow_help(typer_app: typer.Typer) -> None:
+    """Every command's help (its docstring where it has no `help=`) with each paragraph on one
+    line: rich, which renders typer's help, keeps a docstring's line breaks, so a paragraph wrapped
+    at 100 columns in the source came out ragged in an 80-column terminal. Groups recursively."""
+    import inspect
+
+    for info in typer_app.registered_commands:
+        text = info.help if info.help is not None else inspect.getdoc(info.callback)
+        if text:
+            info.help = "\n\n".join(" ".join(p.split("\n")) for p in text.split("\n\n"))
+    for group in typer_app.registered_groups:
+        if group.typer_instance is not None:
+            reflow_help(group.typer_instance)
+
+
 def fmt(x: float | None, spec: str) -> str:
     return "-" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
