@@ -24,8 +24,8 @@ from typing import Any
 
 from autotuner.device import Device
 from autotuner.errors import AutotunerError
+from autotuner.measure.platforms import cpu_unless_chosen
 from autotuner.measure.session import COMM, COMP
-from autotuner.measure.targets import cpu_unless_chosen
 from autotuner.problem import GroupedProblem, Problem
 from autotuner.strategy import Strategy
 

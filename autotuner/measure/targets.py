@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from autotuner.device import Device
 from autotuner.errors import AutotunerError
+from autotuner.measure.platforms import backends_started, cpu_unless_chosen
 from autotuner.problem import Problem
 
 
@@ -75,16 +75,6 @@ def default_target() -> str:
     return "inproc:8"
 
 
-def backends_started() -> bool:
-    """Whether JAX has started its backends (importing jax, or loading libtpu's topologies for an
-    `aot` target, does not): until then the number of CPU devices can still be set."""
-    if "jax" not in sys.modules:
-        return False
-    from jax._src import xla_bridge  # no public API says this (checked with jax 0.10.2)
-
-    return bool(xla_bridge.backends_are_initialized())
-
-
 def prepare_inproc(n: int) -> None:
     """In-process CPU devices must be asked for before JAX initialises its backend."""
     flag = f"--xla_force_host_platform_device_count={n}"
@@ -98,20 +88,6 @@ def prepare_inproc(n: int) -> None:
     flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "host_platform_device_count" not in f]
     os.environ["XLA_FLAGS"] = " ".join(flags + [flag])
     cpu_unless_chosen()
-
-
-def cpu_unless_chosen() -> None:
-    """JAX's platforms: the CPU alone unless the user chose (JAX_PLATFORMS, or jax.config's
-    `jax_platforms`), set before JAX starts its backends. JAX reads JAX_PLATFORMS when it is
-    imported, so where it is imported already (`backends_started` imports it) its config is set too:
-    the variable alone did nothing there, and a GPU host's `inproc:N` started CUDA, a host with
-    libtpu installed probed for a TPU (its warnings and an `E0000 ... INVALID_ARGUMENT` on stderr)."""
-    if backends_started():
-        return
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")   # and for a later import, and child processes
-    jax = sys.modules.get("jax")
-    if jax is not None and not jax.config.jax_platforms:
-        jax.config.update("jax_platforms", os.environ["JAX_PLATFORMS"])
 
 
 class TargetSession:

@@ -45,7 +45,8 @@ def parse_mesh(text: str | None) -> dict[str, int] | None:
 
 def setup_devices(n: int) -> None:
     """n in-process CPU devices (before JAX initialises), or check JAX has at least n."""
-    from autotuner.measure.targets import TargetError, backends_started, prepare_inproc
+    from autotuner.measure.platforms import backends_started
+    from autotuner.measure.targets import TargetError, prepare_inproc
 
     try:
         if not backends_started():

@@ -31,7 +31,7 @@ def test_a_platform_the_user_chose_is_kept():
     """The user's own choice (JAX_PLATFORMS, or `jax.config`'s `jax_platforms`) is left as it is."""
     code = ("import jax\n"
             "jax.config.update('jax_platforms', 'cpu,tpu')\n"
-            "from autotuner.measure.targets import cpu_unless_chosen\n"
+            "from autotuner.measure.platforms import cpu_unless_chosen\n"
             "cpu_unless_chosen()\n"
             "print(jax.config.jax_platforms)\n")
     env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
