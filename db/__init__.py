@@ -27,7 +27,7 @@ from db.database import (
     session_scope,
     upgrade,
 )
-from db.errors import DuplicateError, LeaseError, NotFoundError, SchemaError, StorageError
+from db.errors import DuplicateError, LeaseError, NotFoundError, SchemaError, StorageError, URLError
 from db.optuna_storage import ensure_optuna_schema, optuna_storage_url
 from db.records import (
     CalibrationRecord,
@@ -66,6 +66,7 @@ __all__ = [
     "ProblemRow",
     "SchemaError",
     "StorageError",
+    "URLError",
     "TokenRecord",
     "WinnerChoice",
     "WinnerRecord",

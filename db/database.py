@@ -33,12 +33,12 @@ from alembic.util.exc import CommandError
 from sqlalchemy import Engine, create_engine, event, make_url, text
 from sqlalchemy import inspect as sa_inspect
 from sqlalchemy.engine import URL, Connection
-from sqlalchemy.exc import IntegrityError, SQLAlchemyError
+from sqlalchemy.exc import ArgumentError, IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import StaticPool
 
 from autotuner.settings import normalize_db_url, redact_db_url
-from db.errors import DuplicateError, SchemaError, StorageError
+from db.errors import DuplicateError, SchemaError, StorageError, URLError
 
 __all__ = [
     "MIGRATIONS_DIR",
@@ -82,7 +82,10 @@ def make_engine(url: str | os.PathLike[str] | URL, **kwargs: Any) -> Engine:
     ``kwargs`` go to :func:`sqlalchemy.create_engine`.
     """
     text = url.render_as_string(hide_password=False) if isinstance(url, URL) else url
-    sa_url = make_url(normalize_db_url(text))
+    try:
+        sa_url = make_url(normalize_db_url(text))
+    except (ArgumentError, ValueError) as e:   # the CLI and the service say it in one line
+        raise URLError(f"database URL {redact_db_url(os.fspath(text))!r} does not parse: {e}") from None
     backend = sa_url.get_backend_name()
     if backend == "sqlite":
         if _is_memory_sqlite(sa_url):
@@ -97,7 +100,7 @@ def make_engine(url: str | os.PathLike[str] | URL, **kwargs: Any) -> Engine:
             connect_args.setdefault("connect_timeout", PG_CONNECT_TIMEOUT_S)
         kwargs.setdefault("pool_pre_ping", True)
         return create_engine(sa_url, connect_args=connect_args, **kwargs)
-    raise ValueError(
+    raise URLError(
         f"unsupported database URL {redact_db_url(str(sa_url))!r}: "
         "use sqlite:///FILE or postgresql+psycopg://USER:PASSWORD@HOST/DB"
     )

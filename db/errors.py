@@ -15,6 +15,7 @@ __all__ = [
     "NotFoundError",
     "SchemaError",
     "StorageError",
+    "URLError",
 ]
 
 
@@ -39,3 +40,7 @@ class SchemaError(StorageError):
 
     The message names the command that fixes it (``autotuner db upgrade --db URL``).
     """
+
+
+class URLError(StorageError, ValueError):
+    """The database URL does not parse, or names a database this project does not run on."""

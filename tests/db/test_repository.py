@@ -1234,7 +1234,11 @@ class TestEngines:
             )  # fmt: skip
 
     def test_unsupported_url(self) -> None:
-        from db import make_engine
+        from db import URLError, make_engine
 
-        with pytest.raises(ValueError, match="unsupported database URL"):
+        with pytest.raises(URLError, match="unsupported database URL") as e:
             make_engine("mysql://u:secret@h/db")
+        assert isinstance(e.value, ValueError) and "secret" not in str(e.value)
+        with pytest.raises(URLError, match="does not parse") as e:
+            make_engine("postgresql://u:secret@h:port/db")
+        assert "secret" not in str(e.value)

@@ -140,6 +140,18 @@ def test_mesh_larger_than_target_is_a_clear_error(tmp_path):
     assert r.stderr.splitlines()[-1].startswith("0 tuned, 1 failed: p.json[0]: the problem's mesh {'x': 8} needs 8")
 
 
+@pytest.mark.parametrize("argv,message", [
+    (["serve", "--db", "mysql://u:secret@h/x"], "unsupported database URL 'mysql://u:***@h/x'"),
+    (["db", "upgrade", "--db", "postgresql://u:secret@h:port/x"], "'postgresql+psycopg://u:***@h:port/x' does not parse"),
+])
+def test_a_bad_database_url_is_one_line(tmp_path, argv, message):
+    """A URL of a database this project does not run on, or one that does not parse: one line
+    naming it, its password hidden (`serve` and `plan` printed a traceback)."""
+    r = run(argv, tmp_path, timeout=120)
+    assert r.returncode == 2 and message in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and "secret" not in r.stderr, r.stderr
+
+
 def test_stale_schema_names_the_upgrade_command(tmp_path):
     db = tmp_path / "old.db"
     with sqlite3.connect(db) as c:
