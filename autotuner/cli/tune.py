@@ -71,7 +71,8 @@ def tune(
     problems: Annotated[str | None, typer.Option("--problems", help="JSON, JSONL or YAML file of Problems, "
                                                  "or 'suite' for the built-in transformer suite")] = None,
     target: Annotated[str | None, typer.Option(help="inproc:N, lab:TOPOLOGY:N:RATE, local, or aot:tpu:TOPOLOGY "
-                                               "(XLA:TPU compile, estimated times)")] = None,
+                                               "(XLA:TPU compile, estimated times); default: local on a GPU/TPU "
+                                               "host, else inproc with the problems' device count")] = None,
     db: Annotated[str | None, typer.Option("--db", help=DB_HELP)] = None,
     service: Annotated[str | None, typer.Option(help="upload results to this service URL instead")] = None,
     token: Annotated[str | None, typer.Option(envvar=SERVICE_TOKEN_ENV, help="write token for --service "
@@ -104,14 +105,23 @@ def tune(
     JAX_* variables); process 0 searches and stores, the others measure in lockstep with it."""
     from autotuner.measure import Precision
     from autotuner.measure.multiprocess import MultiProcessError, follow, job_from, join
-    from autotuner.measure.targets import Target, TargetError, TargetSession, default_target
+    from autotuner.measure.targets import (
+        Target,
+        TargetError,
+        TargetSession,
+        default_target,
+        mesh_devices,
+    )
 
     try:
         job = job_from(coordinator, num_processes, process_id)
     except MultiProcessError as e:
         fail(str(e))
+    # a file is read (and refused) before a target starts; without --target its meshes say how many
+    # in-process devices a CPU host gives them (the suite's mesh is the target's size)
+    items = load_items(problems, 0, scale) if problems not in (None, "suite") and not job else None
     try:
-        tgt = Target.parse(target or ("local" if job else default_target()))
+        tgt = Target.parse(target or ("local" if job else default_target(mesh_devices([p for _, p in items or []]))))
     except TargetError as e:
         fail(str(e))
     mp_ctx = None
@@ -129,8 +139,8 @@ def tune(
             except MultiProcessError as e:
                 fail(str(e), code=1)
             return
-    # a file is read (and refused) before a target starts; the suite's mesh is the target's size
-    items = load_items(problems, tgt.n or 0, scale) if tgt.n or problems not in (None, "suite") else None
+    if items is None and (tgt.n or problems not in (None, "suite")):
+        items = load_items(problems, tgt.n or 0, scale)
     token = token_of(ctx, token, token_file)
     if service and not token:
         fail(f"--service needs a write token of the service: set {SERVICE_TOKEN_ENV}, or give --token-file "

@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from autotuner.device import Device
 from autotuner.errors import AutotunerError
 from autotuner.measure.platforms import backends_started, cpu_unless_chosen
-from autotuner.problem import Problem
+from autotuner.problem import GroupedProblem, Problem
 
 
 class TargetError(AutotunerError, ValueError):
@@ -63,16 +64,29 @@ class Target:
         return self.kind == "aot"
 
 
-def default_target() -> str:
-    """`local` where a GPU/TPU is present, else in-process CPU devices."""
+def default_target(devices: int | None = None) -> str:
+    """`local` where a GPU/TPU is present, else in-process CPU devices: `devices` (what the problems'
+    mesh needs), else 8, or as many as XLA_FLAGS or a JAX already started has. JAX starts its
+    backends to tell, so the CPU's devices are asked for first (a GPU/TPU host's default backend is
+    not the CPU's): asked after, the started JAX had 1 and `inproc:8` failed ("needs a fresh
+    process") on every CPU host."""
+    if not backends_started() and _HOST_DEVICES.search(os.environ.get("XLA_FLAGS", "")) is None:
+        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_HOST_DEVICES.pattern}{devices or 8}".strip()
     try:
         import jax
 
-        if jax.default_backend() != "cpu":
-            return "local"
-    except Exception:  # noqa: BLE001
-        pass
-    return "inproc:8"
+        return "local" if jax.default_backend() != "cpu" else f"inproc:{jax.device_count()}"
+    except Exception:  # noqa: BLE001 - a JAX that cannot start says so on the target itself
+        return f"inproc:{devices or 8}"
+
+
+def mesh_devices(problems: Sequence[Problem | GroupedProblem]) -> int | None:
+    """The number of devices the problems' meshes need, where they all need the same."""
+    sizes = {math.prod(s for _, s in p.mesh) for p in problems}
+    return sizes.pop() if len(sizes) == 1 else None
+
+
+_HOST_DEVICES = re.compile("--xla_force_host_platform_device_count=")
 
 
 def prepare_inproc(n: int) -> None:

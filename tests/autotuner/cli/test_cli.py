@@ -35,9 +35,10 @@ def rows(db: Path, sql: str) -> list[tuple]:
 def test_tune_exhaustive_json_and_database(tmp_path):
     f = tmp_path / "p.jsonl"
     f.write_text(json.dumps(SMALL) + "\n" + json.dumps(SMALL_RS) + "\n")
-    # --precision 0: exactly --reps repetitions (the adaptive ones are test_tune_quality's)
-    r = run(["tune", "--problems", str(f), "--target", "inproc:2", "--exhaustive", "--reps", "3",
-             "--precision", "0", "--json"], tmp_path)
+    # --precision 0: exactly --reps repetitions (the adaptive ones are test_tune_quality's); no
+    # --target: on a CPU host the default is in-process devices, as many as the problems' mesh has
+    # (it was inproc:8, which JAX, started to look for a GPU/TPU, could no longer give)
+    r = run(["tune", "--problems", str(f), "--exhaustive", "--reps", "3", "--precision", "0", "--json"], tmp_path)
     assert r.returncode == 0, r.stderr
     lines = [json.loads(x) for x in r.stdout.splitlines()]
     assert len(lines) == 2

@@ -38,3 +38,19 @@ def test_a_platform_the_user_chose_is_kept():
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.split() == ["cpu,tpu"], r.stdout
+
+
+def test_the_default_target_on_a_cpu_host_is_eight_in_process_devices():
+    """`tune`/`calibrate` without --target: JAX is started to tell a GPU/TPU host from a CPU one,
+    and on a CPU host the in-process target must then find its 8 devices (it found 1 and failed,
+    "JAX is already initialised with 1 devices; inproc:8 needs a fresh process")."""
+    code = ("import jax\n"
+            "from autotuner.measure.targets import default_target, prepare_inproc\n"
+            "t = default_target()\n"
+            "prepare_inproc(int(t.split(':')[1]))\n"
+            "print(t, jax.device_count())\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("XLA_")}
+    env["JAX_PLATFORMS"] = "cpu"   # what a CPU host's JAX finds (libtpu, where installed, not probed)
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split() == ["inproc:8", "8"], r.stdout
