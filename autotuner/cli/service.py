@@ -108,6 +108,13 @@ def lookup(
     if url is None and snapshot is None:
         fail("give --service URL (or set AUTOTUNER_SERVICE_URL), or --snapshot FILE")
     problems = _problems(problem)
+    if snapshot is not None:   # the client, made for a training job, warns and answers defaults
+        from autotuner.snapshot import SnapshotError, load
+
+        try:
+            load(snapshot)
+        except SnapshotError as e:
+            fail(f"--snapshot {snapshot}: {e}")
     dev = _device(device, topology)
     secret = token_of(ctx, token, token_file) or settings.service_token
     client = Client(url, token=secret, timeout=timeout, offline=snapshot, retry_after=0.0)

@@ -88,6 +88,12 @@ def test_lookup_and_snapshot_commands(sqlite_url, tmp_path):
     res = runner.invoke(_cli(), ["lookup", "--snapshot", str(snap), "--problems", json.dumps(problem()),
                                  "--device", json.dumps(DEVICE)])
     assert res.exit_code == 0 and json.loads(res.stdout)["origin"] == "snapshot"
+    # a snapshot that cannot be read is the command's error, not a default answer per problem
+    # (the client, made for a training job, only warns)
+    for bad in (tmp_path / "missing.json", problems):
+        res = runner.invoke(_cli(), ["lookup", "--snapshot", str(bad), "--problems", json.dumps(problem()),
+                                     "--device", json.dumps(DEVICE)])
+        assert res.exit_code == 2 and "--snapshot" in res.output and '"problem"' not in res.output, res.output
     res = runner.invoke(_cli(), ["lookup", "--problem", "{bad", "--service", "http://127.0.0.1:9"])
     assert res.exit_code == 2 and "invalid JSON" in res.output
     res = runner.invoke(_cli(), ["lookup", "--problem", json.dumps(problem()), "--device", json.dumps(DEVICE),
