@@ -96,6 +96,8 @@ def tune_model_cmd(
                 err.print(f"$ autotuner {' '.join(argv)}", highlight=False)
                 if subprocess.run([sys.executable, "-m", "autotuner.cli", *argv], stdout=sys.stderr).returncode:
                     fail(f"autotuner {argv[0]} failed; nothing was refined")
+                if argv[0] == "extract":
+                    _same_devices(problems, tgt)
         if aot:
             say(f"{on} compiles and estimates, it runs nothing: the refinement in the program (timed whole "
                 f"steps) is left out. The estimated winners are in {url}; `autotuner plan {target} --target {on} "
@@ -110,6 +112,18 @@ def tune_model_cmd(
         sys.stdout.write(json.dumps(result, default=str) + "\n")
     else:
         _print(result)
+
+
+def _same_devices(problems: str, tgt: Any) -> None:
+    """The extracted problems' mesh against the target's devices, before anything is tuned: a
+    target of another size fails every problem, one line each."""
+    from autotuner.measure.targets import mesh_devices
+    from autotuner.problem.problems_file import load_problems
+
+    n = mesh_devices(load_problems(problems))
+    if n is not None and tgt.n is not None and n != tgt.n:
+        fail(f"the program's mesh needs {n} devices; --target {tgt.text} has {tgt.n}: give a target of {n} "
+             f"devices (e.g. --target inproc:{n}), or a --mesh of {tgt.n}")
 
 
 def _refine(tgt: Any, target: str, fkw: dict[str, Any], shape: Any, explicit: bool, url: str, tmp: str, *,

@@ -71,3 +71,15 @@ def test_tune_model_times_close_candidates_in_the_step_stores_resumes_and_plan_u
     assert row["source"] == "in-program" and "in-program evidence (tune-model)" in row["note"]
     # (a ring the evidence chose may still be shed by the memory bound, and the note says so)
     assert row["strategy"] == e["strategy"] or row["note"].startswith("the memory bound")
+
+
+def test_a_target_of_another_size_than_the_programs_mesh_is_one_line(tmp_path):
+    """TINY's mesh has 2 devices: on inproc:4 every problem would fail in the isolated search
+    (a line each, then "nothing was refined"); the command says so once, after the extract,
+    before anything is tuned."""
+    (tmp_path / "tiny.py").write_text(TINY)
+    r = run(["tune-model", "tiny:program", "--target", "inproc:4", "--db", f"sqlite:///{tmp_path / 't.db'}"], tmp_path)
+    assert r.returncode == 2, r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert "the program's mesh needs 2 devices; --target inproc:4 has 4" in last, r.stderr
+    assert "$ autotuner tune " not in r.stderr, r.stderr   # nothing was tuned
