@@ -117,13 +117,13 @@ def tune_model_cmd(
 def _same_devices(problems: str, tgt: Any) -> None:
     """The extracted problems' mesh against the target's devices, before anything is tuned: a
     target of another size fails every problem, one line each."""
-    from autotuner.measure.targets import mesh_devices
+    from autotuner.measure.targets import TargetError, check_fits
     from autotuner.problem.problems_file import load_problems
 
-    n = mesh_devices(load_problems(problems))
-    if n is not None and tgt.n is not None and n != tgt.n:
-        fail(f"the program's mesh needs {n} devices; --target {tgt.text} has {tgt.n}: give a target of {n} "
-             f"devices (e.g. --target inproc:{n}), or a --mesh of {tgt.n}")
+    try:
+        check_fits(load_problems(problems), tgt)
+    except TargetError as e:
+        fail(f"{e}, or a --mesh of {tgt.n}")
 
 
 def _refine(tgt: Any, target: str, fkw: dict[str, Any], shape: Any, explicit: bool, url: str, tmp: str, *,

@@ -86,6 +86,16 @@ def mesh_devices(problems: Sequence[Problem | GroupedProblem]) -> int | None:
     return sizes.pop() if len(sizes) == 1 else None
 
 
+def check_fits(problems: Sequence[Problem | GroupedProblem], target: Target) -> None:
+    """TargetError where every problem's mesh needs another number of devices than the target
+    has: each would fail alone (`TargetSession.check`; `tune` records each failure), so a run
+    that makes its own problems (`tune-model`) says it once, before it starts."""
+    n = mesh_devices(problems)
+    if n is not None and target.n is not None and n != target.n:
+        raise TargetError(f"the problems' mesh needs {n} devices; target {target.text} has {target.n}: give a "
+                          f"target of {n} devices (e.g. inproc:{n})")
+
+
 _HOST_DEVICES = re.compile("--xla_force_host_platform_device_count=")
 
 

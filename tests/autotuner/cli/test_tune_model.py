@@ -81,5 +81,5 @@ def test_a_target_of_another_size_than_the_programs_mesh_is_one_line(tmp_path):
     r = run(["tune-model", "tiny:program", "--target", "inproc:4", "--db", f"sqlite:///{tmp_path / 't.db'}"], tmp_path)
     assert r.returncode == 2, r.stderr
     last = r.stderr.strip().splitlines()[-1]
-    assert "the program's mesh needs 2 devices; --target inproc:4 has 4" in last, r.stderr
+    assert "the problems' mesh needs 2 devices; target inproc:4 has 4" in last and "--mesh of 4" in last, r.stderr
     assert "$ autotuner tune " not in r.stderr, r.stderr   # nothing was tuned
