@@ -181,6 +181,9 @@ class Overlapped:
         except ValueError as e:
             raise OverlapError(f"overlap: {e}") from None
         self.tune, self.tune_budget_s = _check_tune(tune, tune_budget_s, self.mode)
+        if client is not None and not callable(getattr(client, "lookup", None)):
+            raise OverlapError("overlap: client must be a Client (Client(url), Client(offline='snapshot.json')) "
+                               f"or None, got {type(client).__name__}")
         self.client = client
         self.jit_kwargs = jit_kwargs
         self._options = (strategy, client, memory, tune, tune_budget_s)

@@ -494,6 +494,9 @@ def test_bad_arguments_are_one_line_errors():
         overlap(lambda x: x, strategy={"method": "ring", "chunks": 3})
     with pytest.raises(OverlapError, match="must be callable"):
         overlap(3)
+    # a URL is not a client (it was kept, and the first plan raised "cannot create weak reference")
+    with pytest.raises(OverlapError, match=r"client must be a Client \(Client\(url\)"):
+        overlap(lambda x: x, client="http://autotuner:8000")
 
 
 def test_decorator_form_and_the_first_call_compiles_nothing(monkeypatch):
