@@ -113,6 +113,17 @@ def _read_offline(path: str | os.PathLike[str]) -> tuple[dict[tuple[str, str], A
         return {}, []
 
 
+def _check_url(url: Any) -> None:
+    """ValueError unless `url` is an http(s) URL with a host: a malformed one would only show as
+    a warning per outage, every pair keeping its default."""
+    try:
+        parsed = httpx.URL(url)
+    except (TypeError, httpx.InvalidURL) as e:
+        raise ValueError(f"Client url {url!r} is not a URL: {e}") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ValueError(f"Client url {url!r}: expected http(s)://HOST[:PORT], e.g. http://autotuner:8000")
+
+
 class Client:
     """Looks up the strategy to use per (problem, device); see the module docs for the order.
 
@@ -132,6 +143,8 @@ class Client:
                  device: Device | None = None, topology: str | None = None) -> None:
         if url is None and offline is None:
             raise ValueError("Client needs a service url, or offline=SNAPSHOT_FILE")
+        if url is not None:
+            _check_url(url)
         self.url = url.rstrip("/") if url else None
         self.timeout = timeout
         self.retry_after = retry_after
@@ -467,6 +480,7 @@ def _answer(doc: Any, problem_key: str, device_key: str) -> Answer:
 
 _default: Client | None = None
 _default_lock = threading.Lock()
+_refused: set[str] = set()   # AUTOTUNER_SERVICE_URLs that are no URL, said once each
 
 
 def default_client() -> Client | None:
@@ -480,5 +494,11 @@ def default_client() -> Client | None:
             settings = get_settings()
             if not settings.service_url:
                 return None
-            _default = Client(settings.service_url, token=settings.service_token)
+            try:
+                _default = Client(settings.service_url, token=settings.service_token)
+            except ValueError as e:   # the job goes on as with no service configured, and says why once
+                if settings.service_url not in _refused:
+                    _refused.add(settings.service_url)
+                    log.warning("autotuner: AUTOTUNER_SERVICE_URL: %s; no client, so every pair keeps its default", e)
+                return None
         return _default

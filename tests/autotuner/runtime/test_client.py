@@ -224,6 +224,31 @@ def test_offline_snapshot(server, tmp_path, caplog):
         Client()
 
 
+def test_a_url_that_is_no_http_url_is_refused(monkeypatch, caplog):
+    """Client("autotuner:8000") (no scheme) or "ftp://..." is a ValueError at once: it was kept,
+    and every lookup warned of an outage and answered the default. Configured through
+    AUTOTUNER_SERVICE_URL, the training job goes on with no client, and says why once."""
+    from autotuner.runtime import client as client_mod
+    from autotuner.settings import get_settings
+
+    for url in ("autotuner:8000", "ftp://autotuner", "http://", "not a url"):
+        with pytest.raises(ValueError, match="expected http"):
+            Client(url)
+    assert Client("https://autotuner.example/base/").url == "https://autotuner.example/base"
+    monkeypatch.setenv("AUTOTUNER_SERVICE_URL", "autotuner:8000")
+    monkeypatch.setattr(client_mod, "_default", None)
+    monkeypatch.setattr(client_mod, "_refused", set())
+    get_settings.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, "autotuner.runtime.client"):
+            assert client_mod.default_client() is None and client_mod.default_client() is None
+        said = [r for r in caplog.records if "AUTOTUNER_SERVICE_URL" in r.getMessage()]
+        assert len(said) == 1 and "expected http" in said[0].getMessage(), caplog.text
+    finally:
+        monkeypatch.delenv("AUTOTUNER_SERVICE_URL")
+        get_settings.cache_clear()
+
+
 def test_lookup_result_json_round_trip():
     r = Answer(strategy=Strategy.from_dict(RING), source="nearest", speedup=1.2, confidence=(1.1, 1.3),
                      record_id=3, measured_at=datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC), problem_key="p",
