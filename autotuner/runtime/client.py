@@ -72,6 +72,7 @@ from autotuner.runtime.transport import (
     _NotNow,
     _Refused,
     _send,
+    check_url,
 )
 
 __all__ = ["KEY_RE", "Client", "ClientError", "default_client", "load_snapshot", "session_answer"]
@@ -113,17 +114,6 @@ def _read_offline(path: str | os.PathLike[str]) -> tuple[dict[tuple[str, str], A
         return {}, []
 
 
-def _check_url(url: Any) -> None:
-    """ValueError unless `url` is an http(s) URL with a host: a malformed one would only show as
-    a warning per outage, every pair keeping its default."""
-    try:
-        parsed = httpx.URL(url)
-    except (TypeError, httpx.InvalidURL) as e:
-        raise ValueError(f"Client url {url!r} is not a URL: {e}") from None
-    if parsed.scheme not in ("http", "https") or not parsed.host:
-        raise ValueError(f"Client url {url!r}: expected http(s)://HOST[:PORT], e.g. http://autotuner:8000")
-
-
 class Client:
     """Looks up the strategy to use per (problem, device); see the module docs for the order.
 
@@ -144,7 +134,7 @@ class Client:
         if url is None and offline is None:
             raise ValueError("Client needs a service url, or offline=SNAPSHOT_FILE")
         if url is not None:
-            _check_url(url)
+            check_url(url)
         self.url = url.rstrip("/") if url else None
         self.timeout = timeout
         self.retry_after = retry_after

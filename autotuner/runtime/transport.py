@@ -21,6 +21,21 @@ class ClientError(AutotunerError, RuntimeError):
     """A failed request to the service, or an unusable snapshot file."""
 
 
+class ServiceURLError(AutotunerError, ValueError):
+    """A service URL that is no http(s)://HOST[:PORT] URL."""
+
+
+def check_url(url: Any) -> None:
+    """ServiceURLError (a ValueError) unless `url` is an http(s) URL with a host: a malformed one
+    would only show as a warning per outage, every pair keeping its default."""
+    try:
+        parsed = httpx.URL(url)
+    except (TypeError, httpx.InvalidURL) as e:
+        raise ServiceURLError(f"service URL {url!r} is not a URL: {e}") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ServiceURLError(f"service URL {url!r}: expected http(s)://HOST[:PORT], e.g. http://autotuner:8000")
+
+
 class _Refused(ClientError):
     """The service answered 4xx: asking again will not help."""
 

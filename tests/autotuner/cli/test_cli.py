@@ -144,10 +144,13 @@ def test_mesh_larger_than_target_is_a_clear_error(tmp_path):
 @pytest.mark.parametrize("argv,message", [
     (["serve", "--db", "mysql://u:secret@h/x"], "unsupported database URL 'mysql://u:***@h/x'"),
     (["db", "upgrade", "--db", "postgresql://u:secret@h:port/x"], "'postgresql+psycopg://u:***@h:port/x' does not parse"),
+    (["snapshot", "--service", "autotuner:8000", "--all", "--out", "s.json"],
+     "service URL 'autotuner:8000': expected http(s)://HOST[:PORT]"),
 ])
-def test_a_bad_database_url_is_one_line(tmp_path, argv, message):
-    """A URL of a database this project does not run on, or one that does not parse: one line
-    naming it, its password hidden (`serve` and `plan` printed a traceback)."""
+def test_a_bad_url_is_one_line(tmp_path, argv, message):
+    """A URL of a database this project does not run on, or one that does not parse, or a service
+    URL without its scheme: one line naming it, a password hidden (`serve` and `plan` printed a
+    traceback for the database URL)."""
     r = run(argv, tmp_path, timeout=120)
     assert r.returncode == 2 and message in r.stderr, r.stderr
     assert "Traceback" not in r.stderr and "secret" not in r.stderr, r.stderr

@@ -232,7 +232,7 @@ def test_a_url_that_is_no_http_url_is_refused(monkeypatch, caplog):
     from autotuner.settings import get_settings
 
     for url in ("autotuner:8000", "ftp://autotuner", "http://", "not a url"):
-        with pytest.raises(ValueError, match="expected http"):
+        with pytest.raises(ValueError, match="expected http"):   # ServiceURLError
             Client(url)
     assert Client("https://autotuner.example/base/").url == "https://autotuner.example/base"
     monkeypatch.setenv("AUTOTUNER_SERVICE_URL", "autotuner:8000")
