@@ -66,12 +66,13 @@ class Target:
 
 def default_target(devices: int | None = None) -> str:
     """`local` where a GPU/TPU is present, else in-process CPU devices: `devices` (what the problems'
-    mesh needs), else 8, or as many as XLA_FLAGS or a JAX already started has. JAX starts its
-    backends to tell, so the CPU's devices are asked for first (a GPU/TPU host's default backend is
-    not the CPU's): asked after, the started JAX had 1 and `inproc:8` failed ("needs a fresh
-    process") on every CPU host."""
-    if not backends_started() and _HOST_DEVICES.search(os.environ.get("XLA_FLAGS", "")) is None:
-        os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_HOST_DEVICES.pattern}{devices or 8}".strip()
+    mesh needs), else as many as XLA_FLAGS asks for, else 8 (a JAX already started: as many as it
+    has). JAX starts its backends to tell, so the CPU's devices are asked for first (a GPU/TPU
+    host's default backend is not the CPU's): asked after, the started JAX had 1 and `inproc:8`
+    failed ("needs a fresh process") on every CPU host."""
+    if not backends_started():
+        have = re.search(rf"{HOST_DEVICES}(\d+)", os.environ.get("XLA_FLAGS", ""))
+        _ask_host_devices(devices or (int(have.group(1)) if have else 8))
     try:
         import jax
 
@@ -96,12 +97,17 @@ def check_fits(problems: Sequence[Problem | GroupedProblem], target: Target) -> 
                           f"target of {n} devices (e.g. inproc:{n})")
 
 
-_HOST_DEVICES = re.compile("--xla_force_host_platform_device_count=")
+HOST_DEVICES = "--xla_force_host_platform_device_count="
+
+
+def _ask_host_devices(n: int) -> None:
+    """XLA_FLAGS asking for n CPU devices (read when JAX starts its backends), its other flags kept."""
+    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if not f.startswith(HOST_DEVICES)]
+    os.environ["XLA_FLAGS"] = " ".join([*flags, f"{HOST_DEVICES}{n}"])
 
 
 def prepare_inproc(n: int) -> None:
     """In-process CPU devices must be asked for before JAX initialises its backend."""
-    flag = f"--xla_force_host_platform_device_count={n}"
     if backends_started():
         import jax
 
@@ -109,8 +115,7 @@ def prepare_inproc(n: int) -> None:
             raise TargetError(f"JAX is already initialised with {jax.device_count()} devices; "
                               f"inproc:{n} needs a fresh process")
         return
-    flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if "host_platform_device_count" not in f]
-    os.environ["XLA_FLAGS"] = " ".join(flags + [flag])
+    _ask_host_devices(n)
     cpu_unless_chosen()
 
 
