@@ -5,6 +5,7 @@ bearer token of a --token / --token-file pair (`token_of`)."""
 
 from __future__ import annotations
 
+import inspect
 import math
 from pathlib import Path
 
@@ -45,8 +46,6 @@ def reflow_help(typer_app: typer.Typer) -> None:
     """Every command's help (its docstring where it has no `help=`) with each paragraph on one
     line: rich, which renders typer's help, keeps a docstring's line breaks, so a paragraph wrapped
     at 100 columns in the source came out ragged in an 80-column terminal. Groups recursively."""
-    import inspect
-
     for info in typer_app.registered_commands:
         text = info.help if info.help is not None else inspect.getdoc(info.callback)
         if text:
