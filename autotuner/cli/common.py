@@ -1,7 +1,8 @@
 """The `autotuner` Typer app every command module registers on, and what they share: the
 stderr console, `say`, `fail` (one line, exit 2), the database URL and opening the database (these
 five from `autotuner.program.console`, which the program-level library shares), `fmt`, and the
-bearer token of a --token / --token-file pair (`token_of`)."""
+bearer token of a --token / --token-file pair (`token_of`); `reflow_help` puts each paragraph of
+every command's help on one line."""
 
 from __future__ import annotations
 
