@@ -18,8 +18,11 @@ def test_a_write_is_whole_and_leaves_no_temp_file(tmp_path):
     write_atomic(target, "old")
     write_atomic(target, b"new")
     assert target.read_bytes() == b"new" and os.listdir(tmp_path) == ["kept.json"]
-    with pytest.raises(OSError):   # a directory that is not there: nothing written, nothing left
+    # a directory that is not there: nothing written, nothing left, and the error names the file
+    # asked for (it named the temp file, `.x.json.PID.THREAD.tmp`, in `db export`'s message)
+    with pytest.raises(FileNotFoundError) as e:
         write_atomic(tmp_path / "missing" / "x.json", "data")
+    assert e.value.filename == str(tmp_path / "missing" / "x.json")
     assert os.listdir(tmp_path) == ["kept.json"]
 
 
