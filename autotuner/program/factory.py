@@ -48,9 +48,9 @@ def _dotted(path: Path) -> str | None:
 def import_target(target: str) -> Any:
     """The callable MODULE:ATTR (MODULE dotted, or a path to a .py file: one under the current
     directory is imported by its dotted name, so its relative imports work)."""
-    if ":" not in target:
-        raise ModelError(f"{target!r}: expected MODULE:FUNCTION, e.g. autotuner.examples.transformer:example")
     mod_name, _, attr = target.rpartition(":")
+    if not mod_name or not attr:   # no colon, or nothing on one side of it
+        raise ModelError(f"{target!r}: expected MODULE:FUNCTION, e.g. autotuner.examples.transformer:example")
     if "" not in sys.path:
         sys.path.insert(0, "")
     try:

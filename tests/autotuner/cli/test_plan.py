@@ -140,3 +140,13 @@ def test_a_forced_strategy_says_its_winners_go_unused():
     ring = Strategy.from_key("ring-uni-c1-ufull-loop-send")
     assert w.said(ring) == "--strategy ring-uni-c1-ufull-loop-send for every pair: no winners used"
     assert w.said("baseline") == "--strategy baseline for every pair: no winners used"
+
+
+@pytest.mark.parametrize("target", [":train_step", "autotuner.examples.transformer:", "autotuner.examples.transformer"])
+def test_a_target_missing_its_module_or_function_is_a_model_error(target):
+    """`plan :f` raised ValueError("Empty module name") from importlib, a traceback; every command
+    that takes MODULE:FACTORY reads it through `import_target`."""
+    from autotuner.program.factory import ModelError, import_target
+
+    with pytest.raises(ModelError, match="expected MODULE:FUNCTION"):
+        import_target(target)
