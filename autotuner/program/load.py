@@ -37,7 +37,7 @@ def parse_mesh(text: str | None) -> dict[str, int] | None:
         return None
     m = json_arg(text, "--mesh")
     if (not isinstance(m, dict) or not m
-            or not all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v > 0
+            or not all(isinstance(k, str) and k.strip() and isinstance(v, int) and not isinstance(v, bool) and v > 0
                        for k, v in m.items())):
         fail('--mesh: expected an object of axis name -> size, e.g. {"model": 4}')
     return m

@@ -150,3 +150,17 @@ def test_a_target_missing_its_module_or_function_is_a_model_error(target):
 
     with pytest.raises(ModelError, match="expected MODULE:FUNCTION"):
         import_target(target)
+
+
+@pytest.mark.parametrize("text", ['{"": 2}', '{" ": 2}', '{"model": 0}', '{"model": true}', '[2]', '{}'])
+def test_a_mesh_without_named_axes_of_positive_sizes_is_refused(text, capsys):
+    """`--mesh '{"": 2}'` was taken: the factory built a mesh with an unnamed axis and the plan
+    found no pair in it."""
+    import typer
+
+    from autotuner.program.load import parse_mesh
+
+    with pytest.raises(typer.Exit) as e:
+        parse_mesh(text)
+    assert e.value.exit_code == 2 and "--mesh: expected an object of axis name -> size" in capsys.readouterr().err
+    assert parse_mesh('{"data": 2, "model": 4}') == {"data": 2, "model": 4}
