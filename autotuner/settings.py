@@ -20,6 +20,9 @@ all read the same fields the same way. Fields:
 - ``AUTOTUNER_ANON_LOOKUP_RATE`` / ``_BURST`` / ``_CLIENTS``, ``AUTOTUNER_ANON_BATCH_CONCURRENCY`` /
   ``_SHARE`` / ``_SLICE``:
   what lookups without a valid token may cost a service process (``service.ratelimit``).
+
+A variable set but empty is its default; one that does not hold what its field takes is a
+``SettingsError`` naming it (the CLI's one-line error), from ``get_settings``.
 """
 
 from __future__ import annotations
@@ -30,10 +33,12 @@ import os
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import Field, field_validator
+from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-__all__ = ["DEFAULT_DB_FILE", "Settings", "get_settings", "normalize_db_url", "redact_db_url"]
+from autotuner.errors import AutotunerError
+
+__all__ = ["DEFAULT_DB_FILE", "Settings", "SettingsError", "get_settings", "normalize_db_url", "redact_db_url"]
 
 DEFAULT_DB_FILE = "autotuner.db"
 
@@ -102,6 +107,7 @@ class Settings(BaseSettings):
         env_prefix="AUTOTUNER_",
         extra="ignore",
         frozen=True,
+        env_ignore_empty=True,   # AUTOTUNER_DB_URL= (set, empty) is the default, not an error
     )
 
     db_url: str = Field(
@@ -190,10 +196,31 @@ class Settings(BaseSettings):
         return _split_tokens(value)
 
 
+class SettingsError(AutotunerError, ValueError):
+    """An ``AUTOTUNER_*`` variable that does not hold what its field takes."""
+
+
 @functools.lru_cache(maxsize=1)
 def get_settings() -> Settings:
-    """The settings read from the environment, built once per process.
+    """The settings read from the environment, built once per process; SettingsError names each
+    variable that does not hold what its field takes (its value, unless a token or a password).
 
     Call ``get_settings.cache_clear()`` after changing the environment (tests).
     """
-    return Settings()
+    try:
+        return Settings()
+    except ValidationError as e:
+        raise SettingsError("; ".join(_said(err) for err in e.errors())) from None
+
+
+def _said(err: Any) -> str:
+    """One field's complaint as the user set it: `AUTOTUNER_MAX_BATCH='abc': Input should be ...`."""
+    name = "AUTOTUNER_" + "_".join(str(x) for x in err["loc"][:1]).upper()
+    value = err.get("input")
+    if "TOKEN" in name:
+        shown = "(hidden)"
+    elif name == "AUTOTUNER_DB_URL" and isinstance(value, str):
+        shown = repr(redact_db_url(value))
+    else:
+        shown = repr(value)
+    return f"{name}={shown}: {err['msg'].removeprefix('Value error, ')}"

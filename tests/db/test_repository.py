@@ -957,6 +957,39 @@ class TestSettings:
         finally:
             get_settings.cache_clear()
 
+    def test_a_variable_that_does_not_hold_its_field_is_one_named_error(
+        self, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A bad AUTOTUNER_* value was pydantic's ValidationError, a traceback from every command;
+        now SettingsError (an AutotunerError: the CLI's one line) names the variable, hiding a
+        password, and an empty variable is the default (AUTOTUNER_DB_URL= was "database URL is
+        empty")."""
+        from autotuner.errors import AutotunerError
+        from autotuner.settings import SettingsError, get_settings
+
+        monkeypatch.chdir(tmp_path)
+        monkeypatch.setenv("AUTOTUNER_MAX_BATCH", "abc")
+        monkeypatch.setenv("AUTOTUNER_LOOKUP_POLL_SECONDS", "-1")
+        monkeypatch.setenv("AUTOTUNER_DB_URL", "")
+        get_settings.cache_clear()
+        try:
+            with pytest.raises(SettingsError) as e:
+                get_settings()
+            said = str(e.value)
+            assert isinstance(e.value, AutotunerError) and isinstance(e.value, ValueError)
+            assert "AUTOTUNER_MAX_BATCH='abc': Input should be a valid integer" in said, said
+            assert "AUTOTUNER_LOOKUP_POLL_SECONDS='-1': Input should be greater than 0" in said, said
+            monkeypatch.delenv("AUTOTUNER_MAX_BATCH")
+            monkeypatch.delenv("AUTOTUNER_LOOKUP_POLL_SECONDS")
+            get_settings.cache_clear()
+            assert get_settings().db_url == f"sqlite:///{tmp_path / 'autotuner.db'}"
+            monkeypatch.setenv("AUTOTUNER_DB_URL", "   ")   # blank, not empty: still refused, by name
+            get_settings.cache_clear()
+            with pytest.raises(SettingsError, match="AUTOTUNER_DB_URL='   ': database URL is empty"):
+                get_settings()
+        finally:
+            get_settings.cache_clear()
+
     def test_memory_database(self) -> None:
         from db import upgrade
 
