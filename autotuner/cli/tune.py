@@ -160,6 +160,7 @@ def tune(
             fail("the Optuna search is not available yet; run with --exhaustive")
     run_id = uuid.uuid4().hex[:12]
     rows: list[dict[str, Any]] = []
+    interrupted = False
     try:
         with TargetSession(tgt, log=say, ctx=mp_ctx) as ts:
             items = items if items is not None else load_items(problems, ts.num_devices, scale)
@@ -173,23 +174,31 @@ def tune(
                 reps, aa, precision = 1, False, 0.0   # measure.aot.ESTIMATE_SESSION
             elif not exhaustive:
                 say_model(database, ts.device)
-            for name, problem in items:
-                row = tune_or_fail(ts, database, name, problem, run_id, exhaustive=exhaustive, trials=trials,
-                                   seconds=seconds, reps=reps, aa=aa,
-                                   precision=Precision(target=precision, seconds=precision_seconds))
-                if service and row["error"] is None:
-                    mine = (row["winner"], row["speedup"])
-                    row.update(upload_run(service, token, ts.device, problem, database, run_id, name=name))
-                    if (row["winner"], row["speedup"]) != mine:   # the service's winner: not this split's
-                        from autotuner.measure.session import NO_SPLIT
+            try:
+                for name, problem in items:
+                    row = tune_or_fail(ts, database, name, problem, run_id, exhaustive=exhaustive, trials=trials,
+                                       seconds=seconds, reps=reps, aa=aa,
+                                       precision=Precision(target=precision, seconds=precision_seconds))
+                    if service and row["error"] is None:
+                        mine = (row["winner"], row["speedup"])
+                        row.update(upload_run(service, token, ts.device, problem, database, run_id, name=name))
+                        if (row["winner"], row["speedup"]) != mine:   # the service's winner: not this split's
+                            from autotuner.measure.session import NO_SPLIT
 
-                        row.update(NO_SPLIT)
-                rows.append(row)
-                if json_out:
-                    sys.stdout.write(json.dumps(row) + "\n")
-                    sys.stdout.flush()
+                            row.update(NO_SPLIT)
+                    rows.append(row)
+                    if json_out:
+                        sys.stdout.write(json.dumps(row) + "\n")
+                        sys.stdout.flush()
+            except KeyboardInterrupt:   # Ctrl-C: what is done is summarised, the target closed as ever
+                interrupted = True
     except TargetError as e:
         fail(str(e))
+    if interrupted:
+        print_summary(rows)
+        err.print(f"interrupted after {len(rows)} of {len(items or [])} problem(s), which are stored (the one "
+                  "being tuned is not)", highlight=False, style="bold red")
+        raise typer.Exit(130)
     print_summary(rows)
     for r in rows:
         if r.get("candidates"):

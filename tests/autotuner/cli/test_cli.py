@@ -167,3 +167,31 @@ def test_stale_schema_names_the_upgrade_command(tmp_path):
     assert r.returncode == 2 and "autotuner db upgrade" in r.stderr and "Traceback" not in r.stderr
     r = run(["db", "upgrade", "--db", str(db)], tmp_path, timeout=120)
     assert r.returncode == 0, r.stderr
+
+
+def test_ctrl_c_summarises_what_was_tuned_and_a_rerun_goes_on(tmp_path):
+    """Ctrl-C in the middle of a run: exit 130 with the problems done summarised and stored (it
+    ended without a word); interrupted once the second problem's search has begun (its header
+    line), never on a timer."""
+    import signal
+
+    f = tmp_path / "p.jsonl"
+    f.write_text("".join(json.dumps(dict(SMALL, lhs={"shape": [64 * k, 32], "spec": ["x", None]})) + "\n"
+                         for k in (1, 2, 3)))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("XLA_", "AUTOTUNER_DB"))}
+    p = subprocess.Popen([sys.executable, "-m", "autotuner.cli", "tune", "--problems", str(f), "--target", "inproc:2",
+                          "--exhaustive", "--reps", "3", "--precision", "0"], cwd=tmp_path, env=env,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    seen = []
+    assert p.stderr is not None
+    for line in p.stderr:
+        seen.append(line)
+        if sum("strategies" in x for x in seen) == 2:   # the first problem is done, the second begun
+            p.send_signal(signal.SIGINT)
+            break
+    rest = p.stderr.read()
+    p.stderr.close()
+    assert p.wait(timeout=120) == 130, "".join(seen) + rest
+    assert "interrupted after 1 of 3 problem(s)" in rest and "Traceback" not in rest, rest
+    assert rows(tmp_path / "autotuner.db", "select count(distinct problem_id) from measurements") == [(1,)]
