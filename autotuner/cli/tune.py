@@ -197,7 +197,7 @@ def tune(
     if interrupted:
         print_summary(rows)
         err.print(f"interrupted after {len(rows)} of {len(items or [])} problem(s), which are stored (the one "
-                  "being tuned is not)", highlight=False, style="bold red")
+                  "being tuned was not finished)", highlight=False, style="bold red")
         raise typer.Exit(130)
     print_summary(rows)
     for r in rows:
