@@ -169,7 +169,7 @@ def test_stale_schema_names_the_upgrade_command(tmp_path):
     assert r.returncode == 0, r.stderr
 
 
-def test_ctrl_c_summarises_what_was_tuned_and_a_rerun_goes_on(tmp_path):
+def test_ctrl_c_summarises_what_was_tuned(tmp_path):
     """Ctrl-C in the middle of a run: exit 130 with the problems done summarised and stored (it
     ended without a word); interrupted once the second problem's search has begun (its header
     line), never on a timer."""
