@@ -8,7 +8,7 @@ import sys
 import time
 import uuid
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, NoReturn
 
 import typer
 from rich.table import Table
@@ -195,10 +195,7 @@ def tune(
     except TargetError as e:
         fail(str(e))
     if interrupted:
-        print_summary(rows)
-        err.print(f"interrupted after {len(rows)} of {len(items or [])} problem(s), which are stored (the one "
-                  "being tuned was not finished)", highlight=False, style="bold red")
-        raise typer.Exit(130)
+        stop_interrupted(rows, len(items or []))
     print_summary(rows)
     for r in rows:
         if r.get("candidates"):
@@ -208,6 +205,14 @@ def tune(
     err.print(line, highlight=False, style="bold red" if failed else None)
     if failed:
         raise typer.Exit(1)
+
+
+def stop_interrupted(rows: list[dict[str, Any]], total: int) -> NoReturn:
+    """Ctrl-C: the problems done summarised, and where the run stopped; exit 130 (the shell's)."""
+    print_summary(rows)
+    err.print(f"interrupted after {len(rows)} of {total} problem(s), which are stored (the one being tuned was "
+              "not finished)", highlight=False, style="bold red")
+    raise typer.Exit(130)
 
 
 def first_line(text: str, limit: int = 300) -> str:

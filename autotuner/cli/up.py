@@ -12,7 +12,7 @@ import typer
 from rich.table import Table
 
 from autotuner.cli.common import DB_HELP, app, db_url, err, fail, fmt, open_database, say
-from autotuner.cli.tune import print_summary, say_model, tune_one
+from autotuner.cli.tune import print_summary, say_model, stop_interrupted, tune_one
 
 # -- the main job (make run) -----------------------------------------------------------------------
 
@@ -79,6 +79,7 @@ def up(
     database = open_database(url)
     t0 = time.perf_counter()
     rows = []
+    interrupted, shapes = False, []
     try:
         ts = _start_with_fallback(Target.parse(chosen))
         used = ts.target.text
@@ -86,11 +87,17 @@ def up(
             err.print(f"device {ts.device.label} ({ts.device.key[:8]})", highlight=False)
             say_model(database, ts.device)
             run_id = uuid.uuid4().hex[:12]
-            for name, _regime, p in suite(ts.device.num_devices):
-                rows.append(tune_one(ts, database, name, p, run_id, exhaustive=False, trials=trials,
-                                      seconds=None, reps=reps))
+            shapes = list(suite(ts.device.num_devices))
+            try:
+                for name, _regime, p in shapes:
+                    rows.append(tune_one(ts, database, name, p, run_id, exhaustive=False, trials=trials,
+                                          seconds=None, reps=reps))
+            except KeyboardInterrupt:   # Ctrl-C: what is done is summarised, the target closed as ever
+                interrupted = True
     except TargetError as e:
         fail(str(e))
+    if interrupted:
+        stop_interrupted(rows, len(shapes))
     print_summary(rows)
     err.print(f"tuned {len(rows)} shapes in {time.perf_counter() - t0:.0f} s into {url}", highlight=False)
     if bench:
