@@ -18,6 +18,7 @@ step's temp memory, plain vs overlapped. Two models of the test extra and the bu
     .venv/bin/python bench/pass_cost.py --model penzai-neox --layers 2,8 --reps 3
     .venv/bin/python bench/pass_cost.py --layers 2,8 --restart     # a restarted job, JAX's cache on
     .venv/bin/python bench/pass_cost.py --layers 16 --reps 1 --passes  # and XLA's passes, both compiles
+    .venv/bin/python bench/pass_cost.py --model penzai-neox --layers 8 --reps 3 --dump   # what round 1's dump costs
 
 Per depth and repetition, interleaved (caches cleared before each): `jit` is
 `jax.jit(step).lower(*args).compile()`; `overlap` is `overlap(step).plan(*args)`, which traces,
@@ -31,6 +32,10 @@ instructions, fused computations' included.
 `--restart`: each depth runs in two fresh processes sharing a persistent compilation cache
 (JAX_COMPILATION_CACHE_DIR in a temporary folder): the first fills it, the second is timed (jit
 and overlap both warm), which is what a restarted training job pays.
+`--dump`: the rewritten program compiled `--reps` times more each way, alternated, freshly
+lowered: with XLA's dump on, as round 1 of an Auto-layout program compiles it to read the
+partitioner's texts (`hlo.compile.partitioned_texts`: on XLA:CPU the dump also writes every
+kernel's LLVM IR and object file), and plain `compile()`; the difference is what that dump costs.
 `--passes`: both programs compiled once more under `jax.profiler`, and the compile's events
 (XLA's passes and pipelines) that grow most from the plain program to the overlapped one; and once
 more with XLA's dumps, and the module's instructions at stages of XLA's pipeline (after the call
@@ -143,8 +148,27 @@ def _step(model: str, layers: int) -> tuple[object, tuple[object, ...]]:
     return keras_hub_llama.train_step_sp(layers=layers)
 
 
+def _dump_cost(ov: object, args: tuple[object, ...], reps: int) -> dict[str, list[float]]:
+    """Seconds of the rewritten program's compile with the partitioner's dump as the pass's round 1
+    reads it (`hlo.compile.partitioned_texts`), and without (`compile()`), alternated, each freshly
+    lowered with caches cleared."""
+    import jax
+
+    from autotuner.hlo.compile import partitioned_texts
+
+    out: dict[str, list[float]] = {"with": [], "without": []}
+    for _ in range(reps):
+        for way, times in out.items():
+            jax.clear_caches()
+            lowered = ov.lower(*args)  # type: ignore[attr-defined]
+            t = time.perf_counter()
+            partitioned_texts(lowered) if way == "with" else lowered.compile()
+            times.append(time.perf_counter() - t)
+    return out
+
+
 def measure(layers: int, reps: int, passes: bool = False, model: str = MODELS[0],
-            memory: float | None = 0.05) -> dict[str, object]:
+            memory: float | None = 0.05, dump: bool = False) -> dict[str, object]:
     import jax
 
     from autotuner import space
@@ -181,7 +205,7 @@ def measure(layers: int, reps: int, passes: bool = False, model: str = MODELS[0]
     stages = [_stage_sizes(lowered), _stage_sizes(rewritten)] if passes else []
     return {"layers": layers, "jit_s": jit_s, "overlap_s": ov_s, "pairs": pairs, "applied": applied,
             "temp_mb_plain": plain_mb, "temp_mb_overlap": ov_mb, "phases": phases, "sizes": sizes,
-            "events": events, "stages": stages}
+            "events": events, "stages": stages, "dump": _dump_cost(ov, args, reps) if dump else {}}
 
 
 def _bound(text: str) -> float | None:
@@ -197,6 +221,11 @@ def _instructions(hlo: str) -> int:
     from autotuner.hlo.text import parse_hlo
 
     return len(parse_hlo(hlo).order)
+
+
+def _spread(xs: list[float]) -> str:
+    """`median [min, max]` of seconds (the median alone for one)."""
+    return f"{statistics.median(xs):.2f}" + (f" [{min(xs):.2f}, {max(xs):.2f}]" if len(xs) > 1 else "")
 
 
 def _line(r: dict[str, object]) -> str:
@@ -236,10 +265,12 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=2, help="interleaved repetitions per depth")
     ap.add_argument("--restart", action="store_true", help="time a second process on a warm persistent cache")
     ap.add_argument("--passes", action="store_true", help="also profile both compiles: XLA's passes that grow most, the module's size through the pipeline")
+    ap.add_argument("--dump", action="store_true", help="also time the rewritten program's compile with the "
+                    "partitioner's dump (round 1 of an Auto-layout program) and without, alternated")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)   # internal: one depth, JSON out
     a = ap.parse_args()
-    if a.passes and a.restart:
-        ap.error("--passes profiles a cold compile of each program; a restarted job compiles nothing "
+    if (a.passes or a.dump) and a.restart:
+        ap.error("--passes and --dump time cold compiles; a restarted job compiles nothing "
                  "(JAX's cache answers): use one or the other")
     _setup()
     if a.one is not None:
@@ -252,7 +283,7 @@ def main() -> None:
     results = []
     for n in depths:
         if not a.restart:
-            results.append(measure(n, a.reps, a.passes, a.model, a.memory))
+            results.append(measure(n, a.reps, a.passes, a.model, a.memory, a.dump))
             print(_line(results[-1]), flush=True)
             continue
         with tempfile.TemporaryDirectory(prefix="pass-cost-cache-") as cache:
@@ -272,6 +303,13 @@ def main() -> None:
     for r in results:
         (sp, so), (ip, io) = r["sizes"]["stablehlo"], r["sizes"]["instructions"]  # type: ignore[index]
         print(f"| {r['layers']} | {sp} -> {so} | {ip} -> {io} ({100 * (io / ip - 1):+.0f}%) |")
+    if a.dump:
+        print("\nthe rewritten program's compile with the partitioner's dump (as round 1 reads it) and without, "
+              f"{a.reps} alternated each (seconds)\n| layers | with the dump | without | the dump costs |\n|---|---|---|---|")
+        for r in results:
+            w, wo = r["dump"]["with"], r["dump"]["without"]  # type: ignore[index]
+            print(f"| {r['layers']} | {_spread(w)} | {_spread(wo)} | "
+                  f"{statistics.median(w) - statistics.median(wo):+.2f} |")
     for r in results:
         if r.get("events"):
             plain_ev, ov_ev = r["events"]  # type: ignore[misc]
