@@ -215,7 +215,7 @@ def get_settings() -> Settings:
 
 def _said(err: Any) -> str:
     """One field's complaint as the user set it: `AUTOTUNER_MAX_BATCH='abc': Input should be ...`."""
-    name = "AUTOTUNER_" + "_".join(str(x) for x in err["loc"][:1]).upper()
+    name = f"AUTOTUNER_{err['loc'][0]}".upper() if err["loc"] else "AUTOTUNER_*"
     value = err.get("input")
     if "TOKEN" in name:
         shown = "(hidden)"
