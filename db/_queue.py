@@ -214,6 +214,19 @@ def finish_job(
     return _held(s, job_id, worker, values)
 
 
+def release_job(s: Session, job_id: int, worker: str, now: datetime | None = None) -> JobRecord:
+    """Hand ``worker``'s running job back to the queue at once (a worker that is stopped), rather
+    than when its lease expires: ``queued`` again, no worker, no lease, and the claim not counted
+    in ``attempts`` (nothing was tried to the end).
+
+    Raises :class:`LeaseError` / :class:`NotFoundError` as :func:`heartbeat_job`.
+    """
+    ts = now_utc(now)
+    values = {"status": "queued", "worker": None, "lease_expires_at": None,
+              "attempts": TuningJob.attempts - 1, "updated_at": ts}
+    return _held(s, job_id, worker, values)
+
+
 def get_job(s: Session, job_id: int) -> JobRecord | None:
     row = s.get(TuningJob, job_id, populate_existing=True)
     return job_record(row) if row is not None else None

@@ -49,6 +49,7 @@ from db._queue import (
     list_jobs,
     record_miss,
     record_misses,
+    release_job,
     trim_demand,
 )
 from db._results import (
@@ -115,6 +116,7 @@ __all__ = [
     "record_misses",
     "trim_demand",
     "recompute_winner",
+    "release_job",
     "revoke_token",
     "token_grant",
     "token_hash",

@@ -268,6 +268,11 @@ class FinishRequest(BaseModel):
     error: Text | None = Field(default=None, max_length=100_000)
 
 
+class ReleaseRequest(BaseModel):
+    model_config = _FINITE
+    worker: Text = _Text
+
+
 JobOut = record_out(JobRecord)
 
 

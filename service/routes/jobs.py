@@ -27,6 +27,7 @@ from service.schemas import (
     JobOut,
     JobPage,
     JobRequest,
+    ReleaseRequest,
 )
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
@@ -93,3 +94,10 @@ def finish(_: WriteAuth, job_id: JobId, req: FinishRequest, s: SessionDep) -> Jo
     return JobOut.of(repo.finish_job(s, job_id, req.worker, req.status, req.error))
 
 
+
+
+@router.post("/{job_id}/release", response_model=JobOut, responses=responses(*WRITE, 404, 409))
+def release(_: WriteAuth, job_id: JobId, req: ReleaseRequest, s: SessionDep) -> JobOut:
+    """Hand the worker's job back to the queue now (a worker being stopped), not when its lease
+    expires; the claim is not counted in `attempts`. 409 if the worker does not hold it."""
+    return JobOut.of(repo.release_job(s, job_id, req.worker))

@@ -663,6 +663,28 @@ class TestRepositoryContract:
             assert repo.list_jobs(s, device_key="e").total == 1
             assert len(repo.list_jobs(s, limit=2).items) == 2
 
+    def test_release_hands_a_held_job_back_uncounted(self, database: Database) -> None:
+        dev = {"platform": "cpu"}
+        with database.session() as s:
+            job = repo.enqueue_job(s, problem_key="p", problem={}, device_key="d", device=dev, now=T0)
+            claimed = repo.claim_job(s, "w-a", 600, now=T0)
+            assert claimed is not None and claimed.attempts == 1
+            with pytest.raises(LeaseError):
+                repo.release_job(s, job.id, "w-b")
+            with pytest.raises(NotFoundError):
+                repo.release_job(s, 10_000, "w-a")
+            back = repo.release_job(s, job.id, "w-a", now=T0 + timedelta(seconds=5))
+            assert (back.status, back.worker, back.lease_expires_at, back.attempts) == ("queued", None, None, 0)
+            assert back.updated_at == T0 + timedelta(seconds=5)
+            with pytest.raises(LeaseError):   # released: no longer held, so not twice
+                repo.release_job(s, job.id, "w-a")
+            # claimable at once (the lease of 600 s has not run out), and by max_attempts=1
+            again = repo.claim_job(s, "w-b", 60, now=T0 + timedelta(seconds=6), max_attempts=1)
+            assert again is not None and again.id == job.id and again.attempts == 1
+            done = repo.finish_job(s, job.id, "w-b", "done")
+            with pytest.raises(LeaseError):   # a finished job stays finished
+                repo.release_job(s, done.id, "w-b")
+
     def test_demand_counts_misses(self, database: Database) -> None:
         with database.session() as s:
             first = repo.record_miss(

@@ -50,6 +50,7 @@ def test_healthz_openapi_and_metrics(client):
     paths = set(spec["paths"])
     assert {"/v1/lookup", "/v1/lookup/batch", "/v1/results", "/v1/jobs", "/v1/jobs/claim",
             "/v1/jobs/{job_id}", "/v1/jobs/{job_id}/heartbeat", "/v1/jobs/{job_id}/finish",
+            "/v1/jobs/{job_id}/release",
             "/v1/problems", "/v1/problems/{problem}", "/v1/demand", "/v1/snapshot", "/v1/devices",
             "/v1/model-benches", "/v1/model-benches/{bench_id}",
             "/healthz", "/metrics"} <= paths
@@ -298,7 +299,8 @@ def test_writes_need_a_write_token(make_client, database):
     results = {"device": DEVICE, "problem": problem(), "measurements": measurements()}
     job = {"device": DEVICE, "problem": problem()}
     writes = [("/v1/results", results), ("/v1/jobs", job), ("/v1/jobs/claim", {"worker": "w"}),
-              ("/v1/jobs/1/heartbeat", {"worker": "w"}), ("/v1/jobs/1/finish", {"worker": "w", "status": "done"})]
+              ("/v1/jobs/1/heartbeat", {"worker": "w"}), ("/v1/jobs/1/finish", {"worker": "w", "status": "done"}),
+              ("/v1/jobs/1/release", {"worker": "w"})]
     for path, body in writes:
         r = c.post(path, json=body)
         assert r.status_code == 401, (path, r.text)
@@ -475,6 +477,23 @@ def test_jobs_lifecycle(client):
     # a finished job is final: enqueueing again makes a new one
     renewed = client.post("/v1/jobs", json=body, headers=WRITE_HEADERS).json()
     assert renewed["id"] != job["id"] and renewed["status"] == "queued"
+
+
+def test_job_release_returns_it_to_the_queue_at_once(client):
+    job = client.post("/v1/jobs", json={"device": DEVICE, "problem": problem()}, headers=WRITE_HEADERS).json()
+    claimed = client.post("/v1/jobs/claim", json={"worker": "w1", "lease_seconds": 3600},
+                          headers=WRITE_HEADERS).json()["job"]
+    assert claimed["id"] == job["id"] and claimed["attempts"] == 1
+    r = client.post(f"/v1/jobs/{job['id']}/release", json={"worker": "w2"}, headers=WRITE_HEADERS)
+    assert r.status_code == 409 and "not held by worker 'w2'" in r.json()["detail"]
+    assert client.post("/v1/jobs/999/release", json={"worker": "w1"}, headers=WRITE_HEADERS).status_code == 404
+    assert client.post(f"/v1/jobs/{job['id']}/release", json={}, headers=WRITE_HEADERS).status_code == 422
+    back = client.post(f"/v1/jobs/{job['id']}/release", json={"worker": "w1"}, headers=WRITE_HEADERS).json()
+    assert (back["status"], back["worker"], back["lease_expires_at"], back["attempts"]) == ("queued", None, None, 0)
+    # the hour-long lease does not hold it: another worker claims it now, a first attempt
+    again = client.post("/v1/jobs/claim", json={"worker": "w2", "max_attempts": 1},
+                        headers=WRITE_HEADERS).json()["job"]
+    assert again["id"] == job["id"] and again["worker"] == "w2" and again["attempts"] == 1
 
 
 def test_job_lease_expiry_and_reclaim(client):
