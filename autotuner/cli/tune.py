@@ -463,12 +463,16 @@ def worker(
     trials: Annotated[int, typer.Option(min=1, help="default trial budget per job")] = 24,
     reps: Annotated[int, typer.Option(min=3)] = 7,
 ) -> None:
-    """Claim tuning jobs for this target's device from the service, tune them, upload results."""
+    """Claim tuning jobs for this target's device from the service, tune them, upload results.
+
+    Stopped by SIGTERM (docker stop, a pod deleted) or Ctrl-C, the worker hands the job it holds
+    back to the queue at once and exits 128 + the signal's number (143, 130); killed outright,
+    its job returns to the queue when the lease expires."""
     import httpx
 
     from autotuner.errors import ServiceError
     from autotuner.measure.targets import Target, TargetError, TargetSession, default_target
-    from autotuner.tune.service_worker import work
+    from autotuner.tune.service_worker import Stopped, work
 
     token = token_of(ctx, token, token_file)
     if not token:
@@ -480,6 +484,9 @@ def worker(
             err.print(f"worker on {ts.device.label} ({ts.device.key[:8]}), service {service}", highlight=False)
             n = work(ts, service, token, once=once, poll_s=poll, lease_s=lease, trials=trials, reps=reps,
                      say=say)
+    except Stopped as e:   # SIGTERM (docker stop, a pod deleted) or Ctrl-C: the held job handed back
+        err.print(str(e), highlight=False, style="bold red")
+        raise typer.Exit(128 + e.signum) from None
     except (TargetError, ServiceError) as e:
         fail(str(e))
     except httpx.HTTPError as e:

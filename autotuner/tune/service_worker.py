@@ -4,16 +4,21 @@ A tuning run that reports to a service still tunes into a local scratch database
 study and our measurements, so a killed run resumes), then uploads this run's measurements with
 `POST /v1/results`, where the winner is recomputed. The worker claims jobs with a lease
 (`POST /v1/jobs/claim`), keeps the lease alive while it tunes, and finishes the job done or
-failed; a worker that dies loses its lease and the job returns to the queue.
+failed; a worker that dies loses its lease and the job returns to the queue when the lease
+expires. A worker that is stopped (SIGTERM from `docker stop` or a pod's deletion, or Ctrl-C)
+hands its job back at once (`POST /v1/jobs/{id}/release`) and raises :class:`Stopped`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import signal
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -99,11 +104,58 @@ class _Heartbeat:
         self.thread.join(timeout=5)
 
 
+class Stopped(Exception):
+    """The worker was stopped by a signal: ``done`` jobs finished, ``job`` the one it held (or
+    None) and ``outcome`` what became of it."""
+
+    def __init__(self, signum: int, done: int, job: int | None, outcome: str):
+        self.signum, self.done, self.job, self.outcome = signum, done, job, outcome
+        name = signal.Signals(signum).name
+        held = f"; job {job}: {outcome}" if job is not None else "; no job was held"
+        super().__init__(f"stopped by {name} after {done} job(s){held}")
+
+
+@contextlib.contextmanager
+def _term_interrupts() -> Iterator[list[int]]:
+    """SIGTERM raises KeyboardInterrupt in the main thread, as Ctrl-C does, once (a second one
+    ends the process as before); yields the list the signal's number is put in. Off the main
+    thread, or where SIGTERM is ignored, nothing changes."""
+    got: list[int] = []
+    if threading.current_thread() is not threading.main_thread() \
+            or signal.getsignal(signal.SIGTERM) == signal.SIG_IGN:
+        yield got
+        return
+
+    def on_term(signum: int, frame: Any) -> None:
+        got.append(signum)
+        signal.signal(signal.SIGTERM, previous)
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield got
+    finally:
+        if not got:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def release(http: httpx.Client, job_id: int, worker: str) -> str:
+    """Hand a held job back to the queue; says what became of it (never raises)."""
+    try:
+        _check(http.post(f"/v1/jobs/{job_id}/release", json={"worker": worker}, timeout=10.0),
+               "releasing the job")
+        return "handed back to the queue"
+    except (httpx.HTTPError, ServiceError, KeyboardInterrupt) as e:
+        why = "interrupted again" if isinstance(e, KeyboardInterrupt) else str(e)
+        return f"not handed back ({why}); it returns to the queue when its lease expires"
+
+
 def work(ts: Any, service: str, token: str, *, once: bool = False, poll_s: float = 10.0,
          lease_s: float = 300.0, trials: int = 24, seconds: float | None = None, reps: int = 7,
          say: Any = print) -> int:
     """Claim and tune jobs for this target's device until none is left (once) or forever.
-    Returns the number of jobs finished."""
+    Returns the number of jobs finished; raises :class:`Stopped` on SIGINT/SIGTERM, after
+    handing the job it holds back to the queue."""
     import uuid
 
     from autotuner.tune.search import tune_problem
@@ -112,35 +164,41 @@ def work(ts: Any, service: str, token: str, *, once: bool = False, poll_s: float
     worker = f"{socket.gethostname()}:{os.getpid()}"
     database = Database(scratch_db_url(service))
     database.upgrade()
-    done = 0
-    with http_client(service, token) as http:
-        while True:
-            r = http.post("/v1/jobs/claim", json={"worker": worker, "lease_seconds": lease_s,
-                                                  "device_key": ts.device.key})
-            job = _check(r, "claiming a job")["job"]
-            if job is None:
-                if once:
-                    return done
-                time.sleep(poll_s)
-                continue
-            problem = problem_from_dict(job["problem"])
-            params = job.get("params") or {}
-            say(f"job {job['id']}: {problem.describe()}")
-            status, error = "done", None
-            try:
-                ts.check(problem)
-                run_id = uuid.uuid4().hex[:12]
-                with _Heartbeat(http, job["id"], worker, lease_s):
-                    tune_problem(ts, database, problem, trials=int(params.get("trials", trials)),
-                                 seconds=params.get("seconds", seconds), reps=int(params.get("reps", reps)),
-                                 run_id=run_id, name=f"job {job['id']}")
-                res = upload(http, ts.device, problem, run_items(database, ts.device, problem, run_id))
-                w = res.get("winner") or {}
-                say(f"job {job['id']}: uploaded {res['recorded']} measurements; winner "
-                    f"{(w.get('strategy') or {}).get('method', '-')} x{w.get('speedup', float('nan')):.3f}")
-            except Exception as e:  # noqa: BLE001 - the job fails, the worker goes on
-                status, error = "failed", f"{type(e).__name__}: {e}"[:5000]
-                say(f"job {job['id']}: failed: {error}")
-            _check(http.post(f"/v1/jobs/{job['id']}/finish",
-                             json={"worker": worker, "status": status, "error": error}), "finishing the job")
-            done += 1
+    done, held = 0, None
+    with http_client(service, token) as http, _term_interrupts() as signals:
+        try:
+            while True:
+                r = http.post("/v1/jobs/claim", json={"worker": worker, "lease_seconds": lease_s,
+                                                      "device_key": ts.device.key})
+                job = _check(r, "claiming a job")["job"]
+                if job is None:
+                    if once:
+                        return done
+                    time.sleep(poll_s)
+                    continue
+                held = job["id"]
+                problem = problem_from_dict(job["problem"])
+                params = job.get("params") or {}
+                say(f"job {held}: {problem.describe()}")
+                status, error = "done", None
+                try:
+                    ts.check(problem)
+                    run_id = uuid.uuid4().hex[:12]
+                    with _Heartbeat(http, held, worker, lease_s):
+                        tune_problem(ts, database, problem, trials=int(params.get("trials", trials)),
+                                     seconds=params.get("seconds", seconds), reps=int(params.get("reps", reps)),
+                                     run_id=run_id, name=f"job {held}")
+                    res = upload(http, ts.device, problem, run_items(database, ts.device, problem, run_id))
+                    w = res.get("winner") or {}
+                    say(f"job {held}: uploaded {res['recorded']} measurements; winner "
+                        f"{(w.get('strategy') or {}).get('method', '-')} x{w.get('speedup', float('nan')):.3f}")
+                except Exception as e:  # noqa: BLE001 - the job fails, the worker goes on
+                    status, error = "failed", f"{type(e).__name__}: {e}"[:5000]
+                    say(f"job {held}: failed: {error}")
+                _check(http.post(f"/v1/jobs/{held}/finish",
+                                 json={"worker": worker, "status": status, "error": error}), "finishing the job")
+                held = None
+                done += 1
+        except KeyboardInterrupt:
+            outcome = release(http, held, worker) if held is not None else ""
+            raise Stopped(signals[0] if signals else signal.SIGINT, done, held, outcome) from None

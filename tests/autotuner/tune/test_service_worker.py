@@ -1,0 +1,76 @@
+"""`autotuner worker` against a real service (uvicorn on SQLite): it claims the jobs queued for
+its device, tunes them on in-process CPU devices and uploads; stopped by SIGTERM (what
+`docker stop` and a pod's deletion send) it hands the job it holds back to the queue at once
+instead of leaving it running until the lease expires."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import jax
+import jaxlib
+import pytest
+
+from autotuner import Device
+from service.testing import WRITE_HEADERS, WRITE_TOKEN, live_server, problem
+
+# what `Device.current(topology="inproc")` gives in the worker's process of 2 CPU devices
+DEVICE = Device(platform="cpu", device_kind="cpu", num_devices=2, num_processes=1, topology="inproc",
+                jax_version=jax.__version__, jaxlib_version=jaxlib.__version__).to_dict()
+
+
+def _wait(what: str, cond, proc: subprocess.Popen[str], timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert proc.poll() is None, f"the worker exited ({proc.returncode}) before {what}"
+        assert time.monotonic() < deadline, f"no {what} within {timeout:g} s"
+        time.sleep(0.1)
+
+
+@pytest.mark.slow
+def test_worker_tunes_a_job_and_hands_the_next_back_on_sigterm(sqlite_template, tmp_path):
+    shutil.copyfile(sqlite_template, tmp_path / "service.db")
+    with live_server(f"sqlite:///{tmp_path / 'service.db'}", env={"AUTOTUNER_WRITE_TOKENS": WRITE_TOKEN}) as url, \
+            httpx.Client(base_url=url, headers=WRITE_HEADERS, trust_env=False, timeout=10) as h:
+        def enqueue(p: dict, params: dict, priority: int) -> int:
+            r = h.post("/v1/jobs", json={"device": DEVICE, "problem": p, "params": params, "priority": priority})
+            assert r.status_code == 201, r.text
+            return int(r.json()["id"])
+
+        small = enqueue(problem(256, 128, 64, x=2), {"trials": 2, "reps": 3}, priority=1)
+        # long enough that SIGTERM finds it being tuned (thousands of timed repetitions)
+        large = enqueue(problem(1024, 512, 256, x=2), {"trials": 40, "reps": 500}, priority=0)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("XLA_")}
+        env.update(AUTOTUNER_WORKER_TOKEN=WRITE_TOKEN, AUTOTUNER_CACHE_DIR=str(tmp_path / "cache"),
+                   JAX_PLATFORMS="cpu")
+        proc = subprocess.Popen([sys.executable, "-m", "autotuner.cli", "worker", "--service", url,
+                                 "--target", "inproc:2", "--once", "--lease", "3600"],
+                                env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            job = lambda i: h.get(f"/v1/jobs/{i}").json()  # noqa: E731
+            _wait("the large job claimed", lambda: job(large)["status"] == "running", proc)
+            assert job(small)["status"] == "done"
+            time.sleep(1.0)   # into its tuning
+            proc.send_signal(signal.SIGTERM)
+            out, _ = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        assert proc.returncode == 128 + signal.SIGTERM, out
+        assert f"job {small}: uploaded" in out, out
+        assert f"stopped by SIGTERM after 1 job(s); job {large}: handed back to the queue" in out, out
+        assert "Traceback" not in out, out
+        back = job(large)
+        # queued now, not in an hour (the lease it was claimed under), and the claim not counted
+        assert (back["status"], back["worker"], back["lease_expires_at"], back["attempts"]) == \
+            ("queued", None, None, 0)
+        # the first job's measurements reached the service: its problem has a stored winner
+        tuned = h.post("/v1/lookup", json={"device": DEVICE, "problem": problem(256, 128, 64, x=2)}).json()
+        assert tuned["source"] == "tuned", tuned
