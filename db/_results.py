@@ -60,14 +60,36 @@ def _measurement_row(device_id: int, problem_id: int, i: int, item: Any, token_i
     return Measurement(device_id=device_id, problem_id=problem_id, method=method, token_id=token_id, **values)
 
 
+def _identity(run_id: str | None, strategy_key: str, status: str, reason: str | None,
+              samples: Sequence[float]) -> tuple[Any, ...]:
+    return (run_id, strategy_key, status, reason, tuple(float(x) for x in samples))
+
+
+def _replayed(s: Session, device_id: int, problem_id: int, rows: list[Measurement]) -> list[bool]:
+    """Which rows repeat a stored measurement of their run (its ``run_id``, strategy, status,
+    reason and every sample the same): an upload sent again because its answer was lost."""
+    runs = {r.run_id for r in rows if r.run_id is not None}
+    if not runs:
+        return [False] * len(rows)
+    m = Measurement
+    stored = {_identity(*t) for t in s.execute(
+        select(m.run_id, m.strategy_key, m.status, m.reason, m.samples)
+        .where(m.device_id == device_id, m.problem_id == problem_id, m.run_id.in_(runs)))}
+    return [r.run_id is not None and _identity(r.run_id, r.strategy_key, r.status, r.reason, r.samples) in stored
+            for r in rows]
+
+
 def record_measurements(
     s: Session, device_id: int, problem_id: int, items: Sequence[dict[str, Any]], token_id: int | None = None
 ) -> list[MeasurementRecord]:
     """Store measurements (see :class:`db.records.MeasurementInput`) of one problem on one
     device, uploaded with the stored token ``token_id`` (None: a settings token or a direct
-    write); return them with their ids, in order. An item without a ``source`` was measured by a
-    tuning run (``tuned``). Validates every item before writing any. Does not recompute the
-    winner (call :func:`recompute_winner` in the same transaction)."""
+    write); return the ones stored with their ids, in order. An item without a ``source`` was
+    measured by a tuning run (``tuned``). An item that repeats a stored measurement of the same
+    run (``run_id``, strategy, status, reason and samples) is a replay of an upload whose answer
+    was lost, and is not stored twice (items without a ``run_id`` are always stored). Validates
+    every item before writing any. Does not recompute the winner (call :func:`recompute_winner`
+    in the same transaction)."""
     rows = [_measurement_row(device_id, problem_id, i, item, token_id) for i, item in enumerate(items)]
     if not rows:
         return []
@@ -75,6 +97,7 @@ def record_measurements(
         raise NotFoundError(f"device {device_id} does not exist")
     if s.get(Problem, problem_id) is None:
         raise NotFoundError(f"problem {problem_id} does not exist")
+    rows = [r for r, again in zip(rows, _replayed(s, device_id, problem_id, rows), strict=True) if not again]
     s.add_all(rows)
     s.flush()
     return [measurement_record(r) for r in rows]

@@ -232,6 +232,7 @@ class ResultsResponse(BaseModel):
     device_key: str
     problem_key: str
     recorded: int
+    repeated: int
     winner: WinnerOut | None
 
 

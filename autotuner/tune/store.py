@@ -11,7 +11,7 @@ from autotuner.problem import Problem
 from autotuner.results import measurement_item, results_body, session_items
 from autotuner.snapshot import device_values
 
-__all__ = ["measurement_item", "problem_values", "results_body", "save", "save_failure", "session_items",
+__all__ = ["measurement_item", "problem_values", "record", "results_body", "save", "save_failure", "session_items",
            "why_no_winner", "why_unresolved"]
 
 
@@ -27,16 +27,23 @@ def save(database: Any, device: Device, problem: Problem, items: list[dict[str, 
     """Record measurements (uploaded with the stored token `token_id`, if any) and recompute the
     winner in one transaction; returns the WinnerRecord. A problem that has a winner now is no
     longer a failed one (its failure record goes)."""
+    return record(database, device, problem, items, name, token_id)[0]
+
+
+def record(database: Any, device: Device, problem: Problem, items: list[dict[str, Any]],
+           name: str | None = None, token_id: int | None = None) -> tuple[Any, int]:
+    """:func:`save`, and how many of the items were stored (a replay of a run's measurement is
+    not stored twice: `db.repository.record_measurements`)."""
     from db import repository as repo
 
     with database.session() as s:
         dev = repo.upsert_device(s, **device_values(device))
         prob = repo.upsert_problem(s, **problem_values(problem, name))
-        repo.record_measurements(s, dev.id, prob.id, items, token_id=token_id)
+        stored = repo.record_measurements(s, dev.id, prob.id, items, token_id=token_id)
         winner = repo.recompute_winner(s, dev.id, prob.id)
         if winner is not None:
             repo.clear_failure(s, dev.id, prob.id)
-        return winner
+        return winner, len(stored)
 
 
 def save_failure(database: Any, device: Device, problem: Problem, *, error: str, name: str | None = None,

@@ -20,7 +20,10 @@ def post_results(grant: ResultsAuth, req: ResultsRequest, state: StateDep) -> Re
     """Store the measurements of one problem on one device and recompute its winner, in one
     transaction (`autotuner.tune.store.save`). `ratio` is baseline time / the strategy's time.
     Each measurement records who wrote it: its `source` (`tuned` when omitted; an in-job token may
-    upload only `in-job` ones, and those are its default) and the stored token that sent it."""
+    upload only `in-job` ones, and those are its default) and the stored token that sent it.
+    Sending the same upload again (its answer lost) is safe: a measurement that repeats a stored
+    one of its run (`run_id`, strategy, status, reason, samples) is counted in `repeated`, not
+    stored twice."""
     items: list[dict[str, Any]] = []
     in_job = grant.scope == "in-job"
     for i, m in enumerate(req.measurements):
@@ -37,8 +40,9 @@ def post_results(grant: ResultsAuth, req: ResultsRequest, state: StateDep) -> Re
         if in_job:
             item["source"] = "in-job"
         items.append(item)
-    winner = store.save(state.database, req.device, req.problem, items, name=req.name, token_id=grant.token_id)
+    winner, recorded = store.record(state.database, req.device, req.problem, items, name=req.name,
+                                    token_id=grant.token_id)
     dkey, pkey = state.parse_memo.key(req.device), state.parse_memo.key(req.problem)
     state.lookups.forget(dkey, pkey)
-    return ResultsResponse(device_key=dkey, problem_key=pkey, recorded=len(items),
+    return ResultsResponse(device_key=dkey, problem_key=pkey, recorded=recorded, repeated=len(items) - recorded,
                            winner=WinnerOut.of(winner) if winner is not None else None)

@@ -265,6 +265,30 @@ def test_results_validation(client, database):
     assert body["recorded"] == 3 and body["winner"]["strategy_key"] == "ring-uni-c1-ufull-loop-send"
 
 
+def test_an_upload_sent_again_is_stored_once(client, database):
+    """A worker that lost the answer to its upload sends it again: the measurements of a run that
+    are stored already are counted as repeated, not stored twice (the winner's trials stay)."""
+    def post(items: list[dict[str, Any]]) -> Any:
+        r = client.post("/v1/results", headers=WRITE_HEADERS,
+                        json={"device": DEVICE, "problem": problem(), "measurements": items})
+        assert r.status_code == 201, r.text
+        return r.json()
+
+    run = [dict(m, run_id="r1") for m in measurements()]
+    run.append({"strategy": dict(RING, chunks=2), "status": "failed", "reason": "OOM", "run_id": "r1"})
+    first = post(run)
+    assert (first["recorded"], first["repeated"], first["winner"]["trials"]) == (3, 0, 3)
+    again = post(run)
+    assert (again["recorded"], again["repeated"], again["winner"]["trials"]) == (0, 3, 3)
+    assert counts(database)[2] == 3
+    # another run's identical figures, a changed sample, a changed reason, or no run id: stored
+    other = [dict(run[0], run_id="r2"), dict(run[1], samples=[*run[1]["samples"][:-1], 1e-4]),
+             dict(run[2], reason="timeout"), {k: v for k, v in run[0].items() if k != "run_id"}]
+    more = post(other + run[:1])
+    assert (more["recorded"], more["repeated"]) == (4, 1)
+    assert counts(database)[2] == 7
+
+
 def _json(doc: Any) -> bytes:
     import json
 

@@ -190,8 +190,8 @@ DEVICES = [device_out(1, DKEY, "inproc"), device_out(2, OKEY, "other")]
 
 EXPECTED: dict[str, Any] = {
     "lookup_default": lookup_out("default", FAR),
-    "results": {"device_key": DKEY, "problem_key": key(TUNED), "recorded": 2, "winner": WINNER_OUT},
-    "results_no_winner": {"device_key": OKEY, "problem_key": key(FAR), "recorded": 1,
+    "results": {"device_key": DKEY, "problem_key": key(TUNED), "recorded": 2, "repeated": 0, "winner": WINNER_OUT},
+    "results_no_winner": {"device_key": OKEY, "problem_key": key(FAR), "recorded": 1, "repeated": 0,
                           "winner": None},
     "lookup_tuned": lookup_out("tuned", TUNED),
     "lookup_nearest": lookup_out("nearest", NEAR, distance=0.584963, neighbor_key=key(TUNED)),
