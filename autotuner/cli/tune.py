@@ -467,12 +467,16 @@ def worker(
 
     Stopped by SIGTERM (docker stop, a pod deleted) or Ctrl-C, the worker hands the job it holds
     back to the queue at once and exits 128 + the signal's number (143, 130); killed outright,
-    its job returns to the queue when the lease expires."""
+    its job returns to the queue when the lease expires.
+
+    A service that restarts is waited for, up to a lease. Each job's upload is kept in a file
+    until the service has stored it, and a worker that starts sends what an earlier one could
+    not (stored once, however often sent)."""
     import httpx
 
     from autotuner.errors import ServiceError
     from autotuner.measure.targets import Target, TargetError, TargetSession, default_target
-    from autotuner.tune.service_worker import Stopped, work
+    from autotuner.tune.service_worker import Stopped, pending_note, work
 
     token = token_of(ctx, token, token_file)
     if not token:
@@ -485,10 +489,12 @@ def worker(
             n = work(ts, service, token, once=once, poll_s=poll, lease_s=lease, trials=trials, reps=reps,
                      say=say)
     except Stopped as e:   # SIGTERM (docker stop, a pod deleted) or Ctrl-C: the held job handed back
-        err.print(str(e), highlight=False, style="bold red")
+        err.print(str(e) + pending_note(service), highlight=False, style="bold red")
         raise typer.Exit(128 + e.signum) from None
-    except (TargetError, ServiceError) as e:
+    except TargetError as e:
         fail(str(e))
+    except ServiceError as e:
+        fail(str(e) + pending_note(service))
     except httpx.HTTPError as e:
-        fail(f"cannot reach {service}: {e}")
+        fail(f"cannot reach {service}: {e}" + pending_note(service))
     err.print(f"{n} job(s) done")

@@ -7,11 +7,18 @@ study and our measurements, so a killed run resumes), then uploads this run's me
 failed; a worker that dies loses its lease and the job returns to the queue when the lease
 expires. A worker that is stopped (SIGTERM from `docker stop` or a pod's deletion, or Ctrl-C)
 hands its job back at once (`POST /v1/jobs/{id}/release`) and raises :class:`Stopped`.
+
+The worker rides out a service that restarts: a request that finds it unreachable or answering
+"not now" (429, 502-504) is tried again for up to a lease. A job's upload is kept in a file
+(`outbox/`, beside the scratch database) until the service has stored it, so measurements taken
+are never lost to an outage or a kill: the next start sends what an earlier one left. Sending an
+upload twice stores it once (the service skips a run's measurements it has).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -19,6 +26,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -30,14 +38,26 @@ from autotuner.problem import Problem, problem_from_dict
 log = logging.getLogger(__name__)
 
 
+class Refused(ServiceError):
+    """The service answered an error status (``status``)."""
+
+    def __init__(self, message: str, status: int):
+        super().__init__(message)
+        self.status = status
+
+
 def _check(r: httpx.Response, what: str) -> Any:
     if r.status_code >= 400:
         try:
             detail = r.json().get("detail")
         except ValueError:
             detail = r.text[:500]
-        raise ServiceError(f"{what}: HTTP {r.status_code}: {detail}")
+        raise Refused(f"{what}: HTTP {r.status_code}: {detail}", r.status_code)
     return r.json()
+
+
+def _scratch_name(service: str) -> str:
+    return "scratch-" + "".join(c if c.isalnum() else "_" for c in service)[:80]
 
 
 def scratch_db_url(service: str) -> str:
@@ -46,8 +66,93 @@ def scratch_db_url(service: str) -> str:
 
     root = get_settings().cache_dir
     root.mkdir(parents=True, exist_ok=True)
-    safe = "".join(c if c.isalnum() else "_" for c in service)[:80]
-    return f"sqlite:///{root / f'scratch-{safe}.db'}"
+    return f"sqlite:///{root / (_scratch_name(service) + '.db')}"
+
+
+def outbox(service: str) -> Path:
+    """The folder of a worker's uploads to ``service`` that it has not yet stored: one JSON
+    body per run, removed once stored (``*.refused`` where the service refused it)."""
+    from autotuner.settings import get_settings
+
+    return get_settings().cache_dir / (_scratch_name(service) + "-outbox")
+
+
+def pending_note(service: str) -> str:
+    """``"; N upload(s) kept in FOLDER, sent at the next start"`` where the outbox holds any."""
+    folder = outbox(service)
+    n = len(list(folder.glob("*.json"))) if folder.is_dir() else 0
+    return f"; {n} upload(s) kept in {folder}, sent when a worker for this service starts again" if n else ""
+
+
+TRANSIENT = (429, 502, 503, 504)
+
+
+class Unavailable(ServiceError):
+    """The service answered "not now" (:data:`TRANSIENT`) until the time allowed ran out."""
+
+
+def call(http: httpx.Client, path: str, body: dict[str, Any], what: str, until: float) -> Any:
+    """POST ``body`` to ``path``; while the service is unreachable or answers "not now"
+    (:data:`TRANSIENT`) try again after 1, 2, 4 ... 30 s, until the monotonic time ``until``,
+    then raise the last error (httpx's, or :class:`ServiceError`). Other errors at once."""
+    wait = 1.0
+    while True:
+        try:
+            r = http.post(path, json=body)
+            if r.status_code not in TRANSIENT:
+                return _check(r, what)
+            last: Exception = Unavailable(f"{what}: HTTP {r.status_code} (the service is busy or restarting)")
+        except httpx.TransportError as e:
+            last = e
+        if time.monotonic() + wait > until:
+            raise last
+        log.warning("%s: %s; trying again in %.0f s", what, last, wait)
+        time.sleep(wait)
+        wait = min(2 * wait, 30.0)
+
+
+def keep(folder: Path, run_id: str, body: dict[str, Any]) -> Path:
+    """Write an upload's body to ``folder`` before it is sent (durable: `files.write_atomic`)."""
+    from autotuner.files import write_atomic
+
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{run_id}.json"
+    write_atomic(path, json.dumps(body))
+    return path
+
+
+BAD_BODY = (400, 413, 422)
+
+
+def send_kept(http: httpx.Client, path: Path, until: float) -> dict[str, Any]:
+    """POST a kept upload; remove its file once the service has stored it. One whose body the
+    service refuses (:data:`BAD_BODY`) is renamed ``*.refused`` and the error raised; for any
+    other error (unreachable, busy, a token refused) the file stays, for the next try."""
+    try:
+        res = call(http, "/v1/results", json.loads(path.read_text()), "uploading results", until)
+    except Refused as e:
+        if e.status in BAD_BODY:
+            with contextlib.suppress(FileNotFoundError):   # another worker of this cache folder did
+                path.rename(path.with_suffix(".refused"))
+        raise
+    path.unlink(missing_ok=True)
+    return res  # type: ignore[no-any-return]
+
+
+def send_pending(http: httpx.Client, folder: Path, until: float, say: Any) -> None:
+    """Send what an earlier run kept and could not send."""
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            res = send_kept(http, path, until)
+        except FileNotFoundError:   # sent meanwhile by another worker that shares the folder
+            continue
+        except Refused as e:
+            if e.status not in BAD_BODY:
+                raise
+            say(f"{path.name}: refused, kept as {path.with_suffix('.refused')}: {e}")
+            continue
+        say(f"uploaded {res['recorded']} measurement(s) an earlier run kept ({path.name}; "
+            f"{res.get('repeated', 0)} the service had)")
 
 
 def run_items(database: Any, device: Device, problem: Problem, run_id: str) -> list[dict[str, Any]]:
@@ -155,22 +260,29 @@ def work(ts: Any, service: str, token: str, *, once: bool = False, poll_s: float
          say: Any = print) -> int:
     """Claim and tune jobs for this target's device until none is left (once) or forever.
     Returns the number of jobs finished; raises :class:`Stopped` on SIGINT/SIGTERM, after
-    handing the job it holds back to the queue."""
+    handing the job it holds back to the queue. A service unreachable for longer than a lease
+    raises httpx's error (what was measured stays in :func:`outbox`)."""
     import uuid
 
+    from autotuner.results import results_body
     from autotuner.tune.search import tune_problem
     from db import Database
 
     worker = f"{socket.gethostname()}:{os.getpid()}"
     database = Database(scratch_db_url(service))
     database.upgrade()
+    kept = outbox(service)
     done, held = 0, None
+
+    def post(path: str, body: dict[str, Any], what: str) -> Any:
+        return call(http, path, body, what, time.monotonic() + lease_s)
+
     with http_client(service, token) as http, _term_interrupts() as signals:
         try:
             while True:
-                r = http.post("/v1/jobs/claim", json={"worker": worker, "lease_seconds": lease_s,
-                                                      "device_key": ts.device.key})
-                job = _check(r, "claiming a job")["job"]
+                send_pending(http, kept, time.monotonic() + lease_s, say)
+                job = post("/v1/jobs/claim", {"worker": worker, "lease_seconds": lease_s,
+                                              "device_key": ts.device.key}, "claiming a job")["job"]
                 if job is None:
                     if once:
                         return done
@@ -188,15 +300,26 @@ def work(ts: Any, service: str, token: str, *, once: bool = False, poll_s: float
                         tune_problem(ts, database, problem, trials=int(params.get("trials", trials)),
                                      seconds=params.get("seconds", seconds), reps=int(params.get("reps", reps)),
                                      run_id=run_id, name=f"job {held}")
-                    res = upload(http, ts.device, problem, run_items(database, ts.device, problem, run_id))
+                        items = run_items(database, ts.device, problem, run_id)
+                        if not items:
+                            raise ServiceError("nothing to upload: no measurements were taken")
+                        body = results_body(ts.device, problem, items, None)
+                        res = send_kept(http, keep(kept, run_id, body), time.monotonic() + lease_s)
                     w = res.get("winner") or {}
                     say(f"job {held}: uploaded {res['recorded']} measurements; winner "
                         f"{(w.get('strategy') or {}).get('method', '-')} x{w.get('speedup', float('nan')):.3f}")
+                except (httpx.TransportError, Unavailable):
+                    raise   # the service is gone for longer than a lease: the upload stays kept
                 except Exception as e:  # noqa: BLE001 - the job fails, the worker goes on
                     status, error = "failed", f"{type(e).__name__}: {e}"[:5000]
                     say(f"job {held}: failed: {error}")
-                _check(http.post(f"/v1/jobs/{held}/finish",
-                                 json={"worker": worker, "status": status, "error": error}), "finishing the job")
+                try:
+                    post(f"/v1/jobs/{held}/finish", {"worker": worker, "status": status, "error": error},
+                         "finishing the job")
+                except ServiceError as e:   # its lease ran out and another worker has it, or it was finished
+                    if isinstance(e, Unavailable):
+                        raise
+                    say(f"job {held}: not finished here: {e}")
                 held = None
                 done += 1
         except KeyboardInterrupt:

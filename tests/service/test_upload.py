@@ -77,3 +77,43 @@ def test_an_upload_carries_the_problems_readable_name(client):
     r = client.post("/v1/results", json={"device": DEVICE, "problem": problem(), "name": "x" * 257,
                                          "measurements": items})
     assert r.status_code == 422 and "name" in r.text
+
+
+def test_kept_uploads_are_sent_once_and_a_refused_one_is_set_aside(client, tmp_path):
+    """The worker's outbox: a body kept before it is sent, removed once stored; the same body sent
+    again (its answer lost) stores nothing twice; one the service refuses is kept as *.refused
+    and the others still go."""
+    import time
+
+    import pytest
+
+    from autotuner.errors import ServiceError
+
+    device, prob = Device.from_dict(DEVICE), Problem.from_dict(problem())
+    items = [store.measurement_item(c, run_id="run-1", host="h") for c in _candidates()]
+    body = store.results_body(device, prob, items)
+    folder = tmp_path / "outbox"
+    client.headers.update(WRITE_HEADERS)
+    until = time.monotonic() + 30
+    first = service_worker.send_kept(client, service_worker.keep(folder, "run-1", body), until)
+    assert (first["recorded"], first["repeated"]) == (3, 0) and list(folder.iterdir()) == []
+
+    said: list[str] = []
+    service_worker.keep(folder, "a-again", body)                          # sent, the answer lost
+    service_worker.keep(folder, "b-bad", {**body, "problem": {"equation": "nope"}})
+    service_worker.keep(folder, "c-other", store.results_body(device, Problem.from_dict(problem(1024)), items))
+    service_worker.send_pending(client, folder, until, said.append)
+    assert sorted(p.name for p in folder.iterdir()) == ["b-bad.refused"]
+    assert said[0] == "uploaded 0 measurement(s) an earlier run kept (a-again.json; 3 the service had)"
+    assert said[1].startswith("b-bad.json: refused, kept as ") and "HTTP 422" in said[1]
+    assert said[2] == "uploaded 3 measurement(s) an earlier run kept (c-other.json; 0 the service had)"
+
+    database = client.app.state.autotuner.database
+    with database.session(read_only=True) as s:
+        assert len(repo.list_measurements(s, repo.get_problem_by_key(s, prob.key).id)) == 3
+    client.headers.pop("Authorization")   # a token refused: at once, and the upload is kept to send again
+    with pytest.raises(ServiceError, match="HTTP 401"):
+        service_worker.send_kept(client, service_worker.keep(folder, "d", body), until)
+    with pytest.raises(ServiceError, match="HTTP 401"):
+        service_worker.send_pending(client, folder, until, said.append)
+    assert sorted(p.name for p in folder.iterdir()) == ["b-bad.refused", "d.json"]

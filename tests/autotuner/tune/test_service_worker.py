@@ -74,3 +74,31 @@ def test_worker_tunes_a_job_and_hands_the_next_back_on_sigterm(sqlite_template, 
         # the first job's measurements reached the service: its problem has a stored winner
         tuned = h.post("/v1/lookup", json={"device": DEVICE, "problem": problem(256, 128, 64, x=2)}).json()
         assert tuned["source"] == "tuned", tuned
+
+
+def test_a_request_waits_for_a_service_that_is_starting_and_gives_up_after_its_time(
+        sqlite_template, tmp_path, caplog):
+    import threading
+
+    from autotuner.tune import service_worker
+    from service.testing import free_port, start_server, stop_server
+
+    shutil.copyfile(sqlite_template, tmp_path / "service.db")
+    port = free_port()
+    started: list[subprocess.Popen[bytes]] = []
+    thread = threading.Thread(target=lambda: started.append(start_server(
+        f"sqlite:///{tmp_path / 'service.db'}", port=port, env={"AUTOTUNER_WRITE_TOKENS": WRITE_TOKEN})[0]))
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", headers=WRITE_HEADERS, trust_env=False, timeout=10) as h:
+        with pytest.raises(httpx.ConnectError):   # nobody listens, and 1.5 s allow one more try
+            service_worker.call(h, "/v1/jobs/claim", {"worker": "w"}, "claiming a job", time.monotonic() + 1.5)
+        assert len([r for r in caplog.records if "trying again in 1 s" in r.getMessage()]) == 1
+        caplog.clear()
+        thread.start()   # the server's process cannot listen yet when the first try comes
+        try:
+            got = service_worker.call(h, "/v1/jobs/claim", {"worker": "w"}, "claiming a job", time.monotonic() + 120)
+            assert got == {"job": None}
+            assert "Connection refused; trying again in 1 s" in caplog.text
+        finally:
+            thread.join()
+            for proc in started:
+                stop_server(proc)
