@@ -1,7 +1,7 @@
 """Measurements as the service takes them: the items and the body of ``POST /v1/results``.
 
 One place for what a measured session becomes on the wire or in the database:
-`autotuner tune --service` and the worker (`tune.service_worker.upload`), the local store
+`autotuner tune --service` and the worker (`tune.service_worker.send_run`), the local store
 (`tune.store.save`) and in-job tuning (`runtime.Client.upload`, from `overlap(tune="missing")`)
 all build their items and bodies here. The items are `autotuner.measurement.measurement_item`'s,
 the fields the database takes (`db.records.MeasurementInput` checks they are its own): the

@@ -151,6 +151,7 @@ def tune(
         from autotuner.tune.service_worker import scratch_db_url
 
         database = open_database(scratch_db_url(service))  # the study and measurements, then uploaded
+        send_left(service, token)
     else:
         database = open_database(db_url(db))
     if not exhaustive:
@@ -404,22 +405,39 @@ def print_candidates(row: dict[str, Any], rings: int = 3) -> None:
 
 def upload_run(service: str, token: str | None, device: Any, problem: Any, database: Any, run_id: str,
                name: str | None = None) -> dict[str, Any]:
-    """Send this run's measurements to the service; its winner replaces the local one."""
+    """Send this run's measurements to the service (kept in its outbox until stored); its winner
+    replaces the local one."""
     import httpx
 
     from autotuner.errors import ServiceError
-    from autotuner.tune.service_worker import http_client, run_items, upload
+    from autotuner.tune import service_worker as sw
 
     try:
-        with http_client(service, token) as http:
-            res = upload(http, device, problem, run_items(database, device, problem, run_id), name=name)
+        with sw.http_client(service, token) as http:
+            res = sw.send_run(http, service, database, device, problem, run_id, time.monotonic() + sw.WAIT_S,
+                              name=name)
     except (ServiceError, httpx.HTTPError) as e:
-        fail(f"{service}: {e} (the measurements stay in {database.url})")
+        fail(f"{service}: {e}" + sw.pending_note(service))
         raise AssertionError from e
     w = res.get("winner") or {}
     return {"uploaded": res["recorded"], "winner": w.get("strategy"), "speedup": w.get("speedup"),
             "speedup_ci": [w.get("speedup_lo"), w.get("speedup_hi")], "baseline_s": w.get("baseline_s"),
             "winner_s": w.get("winner_s")}
+
+
+def send_left(service: str, token: str | None) -> None:
+    """What an earlier `tune --service` or worker kept and could not send, sent first (once: a
+    service that is down now is not waited for; the uploads stay kept)."""
+    import httpx
+
+    from autotuner.errors import ServiceError
+    from autotuner.tune import service_worker as sw
+
+    try:
+        with sw.http_client(service, token) as http:
+            sw.send_pending(http, sw.outbox(service), time.monotonic(), say)
+    except (ServiceError, httpx.HTTPError) as e:
+        err.print(f"warning: {service}: {e}" + sw.pending_note(service), highlight=False)
 
 
 def print_summary(rows: list[dict[str, Any]]) -> None:

@@ -81,10 +81,12 @@ def pending_note(service: str) -> str:
     """``"; N upload(s) kept in FOLDER, sent at the next start"`` where the outbox holds any."""
     folder = outbox(service)
     n = len(list(folder.glob("*.json"))) if folder.is_dir() else 0
-    return f"; {n} upload(s) kept in {folder}, sent when a worker for this service starts again" if n else ""
+    return (f"; {n} upload(s) kept in {folder}, sent by the next `autotuner worker` or `autotuner tune --service` "
+            "for this service") if n else ""
 
 
 TRANSIENT = (429, 502, 503, 504)
+WAIT_S = 300.0   # how long `tune --service` waits for a service that restarts (the worker: its lease)
 
 
 class Unavailable(ServiceError):
@@ -111,14 +113,28 @@ def call(http: httpx.Client, path: str, body: dict[str, Any], what: str, until: 
         wait = min(2 * wait, 30.0)
 
 
-def keep(folder: Path, run_id: str, body: dict[str, Any]) -> Path:
-    """Write an upload's body to ``folder`` before it is sent (durable: `files.write_atomic`)."""
+def keep(folder: Path, name: str, body: dict[str, Any]) -> Path:
+    """Write an upload's body to ``folder/name.json`` before it is sent (durable:
+    `files.write_atomic`)."""
     from autotuner.files import write_atomic
 
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{run_id}.json"
+    path = folder / f"{name}.json"
     write_atomic(path, json.dumps(body))
     return path
+
+
+def send_run(http: httpx.Client, service: str, database: Any, device: Device, problem: Problem, run_id: str,
+               until: float, name: str | None = None) -> dict[str, Any]:
+    """Send this run's measurements of (device, problem) from the scratch database, kept in
+    :func:`outbox` until the service has stored them; returns the service's answer."""
+    from autotuner.results import results_body
+
+    items = run_items(database, device, problem, run_id)
+    if not items:
+        raise ServiceError("nothing to upload: no measurements were taken")
+    path = keep(outbox(service), f"{run_id}-{problem.key[:16]}", results_body(device, problem, items, name))
+    return send_kept(http, path, until)
 
 
 BAD_BODY = (400, 413, 422)
@@ -166,16 +182,6 @@ def run_items(database: Any, device: Device, problem: Problem, run_id: str) -> l
             return []
         ms = repo.list_measurements(s, prob.id, dev.id)
     return [measurement_input(m) for m in ms if m.run_id == run_id]
-
-
-def upload(http: httpx.Client, device: Device, problem: Problem, items: list[dict[str, Any]],
-           name: str | None = None) -> dict[str, Any]:
-    if not items:
-        raise ServiceError("nothing to upload: no measurements were taken")
-    from autotuner.results import results_body
-
-    r = http.post("/v1/results", json=results_body(device, problem, items, name))
-    return _check(r, "uploading results")
 
 
 def http_client(service: str, token: str | None, timeout: float = 30.0) -> httpx.Client:
@@ -264,7 +270,6 @@ def work(ts: Any, service: str, token: str, *, once: bool = False, poll_s: float
     raises httpx's error (what was measured stays in :func:`outbox`)."""
     import uuid
 
-    from autotuner.results import results_body
     from autotuner.tune.search import tune_problem
     from db import Database
 
@@ -300,11 +305,8 @@ def work(ts: Any, service: str, token: str, *, once: bool = False, poll_s: float
                         tune_problem(ts, database, problem, trials=int(params.get("trials", trials)),
                                      seconds=params.get("seconds", seconds), reps=int(params.get("reps", reps)),
                                      run_id=run_id, name=f"job {held}")
-                        items = run_items(database, ts.device, problem, run_id)
-                        if not items:
-                            raise ServiceError("nothing to upload: no measurements were taken")
-                        body = results_body(ts.device, problem, items, None)
-                        res = send_kept(http, keep(kept, run_id, body), time.monotonic() + lease_s)
+                        res = send_run(http, service, database, ts.device, problem, run_id,
+                                       time.monotonic() + lease_s)
                     w = res.get("winner") or {}
                     say(f"job {held}: uploaded {res['recorded']} measurements; winner "
                         f"{(w.get('strategy') or {}).get('method', '-')} x{w.get('speedup', float('nan')):.3f}")

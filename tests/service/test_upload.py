@@ -5,6 +5,7 @@ steps build or accept items from the one field list in db/records.py)."""
 from __future__ import annotations
 
 import shutil
+import time
 
 from autotuner import Device, Problem
 from autotuner.measure import Candidate
@@ -47,7 +48,8 @@ def test_a_runs_measurements_reach_the_service_unchanged(client, sqlite_template
     assert len(uploaded) == 3 and all("created_at" not in item for item in uploaded)
 
     client.headers.update(WRITE_HEADERS)
-    body = service_worker.upload(client, device, prob, uploaded)
+    body = service_worker.send_kept(client, service_worker.keep(tmp_path / "outbox", "run-1", store.results_body(
+        device, prob, uploaded)), time.monotonic() + 30)
     assert body["recorded"] == 3 and body["winner"]["strategy"] == RING
     assert body["winner"]["traffic_speedup"] == 1.2 and abs(body["winner"]["overlap_speedup"] - 1.25 / 1.2) < 1e-12
 
@@ -70,8 +72,8 @@ def test_an_upload_carries_the_problems_readable_name(client):
     device, prob = Device.from_dict(DEVICE), Problem.from_dict(problem())
     items = [store.measurement_item(c, run_id="run-1", host="h1") for c in _candidates()]
     client.headers.update(WRITE_HEADERS)
-    service_worker.upload(client, device, prob, items, name="mlp/up_proj")
-    service_worker.upload(client, device, prob, items)
+    for body in (store.results_body(device, prob, items, name="mlp/up_proj"), store.results_body(device, prob, items)):
+        assert client.post("/v1/results", json=body).status_code == 201
     with client.app.state.autotuner.database.session(read_only=True) as s:
         assert repo.get_problem_by_key(s, prob.key).name == "mlp/up_proj"
     r = client.post("/v1/results", json={"device": DEVICE, "problem": problem(), "name": "x" * 257,
@@ -83,8 +85,6 @@ def test_kept_uploads_are_sent_once_and_a_refused_one_is_set_aside(client, tmp_p
     """The worker's outbox: a body kept before it is sent, removed once stored; the same body sent
     again (its answer lost) stores nothing twice; one the service refuses is kept as *.refused
     and the others still go."""
-    import time
-
     import pytest
 
     from autotuner.errors import ServiceError

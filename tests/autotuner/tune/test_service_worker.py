@@ -5,12 +5,14 @@ instead of leaving it running until the lease expires."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import jax
@@ -18,7 +20,7 @@ import jaxlib
 import pytest
 
 from autotuner import Device
-from service.testing import WRITE_HEADERS, WRITE_TOKEN, live_server, problem
+from service.testing import WRITE_HEADERS, WRITE_TOKEN, live_server, measurements, problem
 
 # what `Device.current(topology="inproc")` gives in the worker's process of 2 CPU devices
 DEVICE = Device(platform="cpu", device_kind="cpu", num_devices=2, num_processes=1, topology="inproc",
@@ -33,8 +35,24 @@ def _wait(what: str, cond, proc: subprocess.Popen[str], timeout: float = 120.0) 
         time.sleep(0.1)
 
 
+def _outbox(url: str, cache: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The outbox a worker or `tune --service` with AUTOTUNER_CACHE_DIR=cache keeps for url."""
+    from autotuner.settings import get_settings
+    from autotuner.tune import service_worker
+
+    monkeypatch.setenv("AUTOTUNER_CACHE_DIR", str(cache))
+    get_settings.cache_clear()
+    try:
+        return service_worker.outbox(url)
+    finally:
+        monkeypatch.undo()
+        get_settings.cache_clear()
+
+
 @pytest.mark.slow
-def test_worker_tunes_a_job_and_hands_the_next_back_on_sigterm(sqlite_template, tmp_path):
+def test_worker_tunes_a_job_and_hands_the_next_back_on_sigterm(sqlite_template, tmp_path, monkeypatch):
+    from autotuner.tune import service_worker
+
     shutil.copyfile(sqlite_template, tmp_path / "service.db")
     with live_server(f"sqlite:///{tmp_path / 'service.db'}", env={"AUTOTUNER_WRITE_TOKENS": WRITE_TOKEN}) as url, \
             httpx.Client(base_url=url, headers=WRITE_HEADERS, trust_env=False, timeout=10) as h:
@@ -46,6 +64,11 @@ def test_worker_tunes_a_job_and_hands_the_next_back_on_sigterm(sqlite_template, 
         small = enqueue(problem(256, 128, 64, x=2), {"trials": 2, "reps": 3}, priority=1)
         # long enough that SIGTERM finds it being tuned (thousands of timed repetitions)
         large = enqueue(problem(1024, 512, 256, x=2), {"trials": 40, "reps": 500}, priority=0)
+        # an earlier worker's upload that the service never got (it was down): sent before any claim
+        left = problem(512, 128, 64, x=2)
+        service_worker.keep(_outbox(url, tmp_path / "cache", monkeypatch), "earlier-run",
+                            {"device": DEVICE, "problem": left, "measurements": [
+                                dict(m, run_id="earlier") for m in measurements()]})
         env = {k: v for k, v in os.environ.items() if not k.startswith("XLA_")}
         env.update(AUTOTUNER_WORKER_TOKEN=WRITE_TOKEN, AUTOTUNER_CACHE_DIR=str(tmp_path / "cache"),
                    JAX_PLATFORMS="cpu")
@@ -64,7 +87,9 @@ def test_worker_tunes_a_job_and_hands_the_next_back_on_sigterm(sqlite_template, 
                 proc.kill()
                 proc.communicate()
         assert proc.returncode == 128 + signal.SIGTERM, out
-        assert f"job {small}: uploaded" in out, out
+        assert out.index("uploaded 2 measurement(s) an earlier run kept (earlier-run.json; 0 the service had)") \
+            < out.index(f"job {small}: uploaded"), out
+        assert not list(_outbox(url, tmp_path / "cache", monkeypatch).iterdir())
         assert f"stopped by SIGTERM after 1 job(s); job {large}: handed back to the queue" in out, out
         assert "Traceback" not in out, out
         back = job(large)
@@ -72,8 +97,24 @@ def test_worker_tunes_a_job_and_hands_the_next_back_on_sigterm(sqlite_template, 
         assert (back["status"], back["worker"], back["lease_expires_at"], back["attempts"]) == \
             ("queued", None, None, 0)
         # the first job's measurements reached the service: its problem has a stored winner
-        tuned = h.post("/v1/lookup", json={"device": DEVICE, "problem": problem(256, 128, 64, x=2)}).json()
-        assert tuned["source"] == "tuned", tuned
+        for p in (problem(256, 128, 64, x=2), left):
+            tuned = h.post("/v1/lookup", json={"device": DEVICE, "problem": p}).json()
+            assert tuned["source"] == "tuned", tuned
+
+        # `autotuner tune --service` (the Kubernetes tune jobs): tunes into its scratch database and
+        # uploads through the same outbox, so it is empty after
+        problems = tmp_path / "problems.json"
+        problems.write_text(json.dumps([problem(128, 64, 64, x=2)]))
+        env = dict(env, AUTOTUNER_SERVICE_TOKEN=WRITE_TOKEN)
+        r = subprocess.run([sys.executable, "-m", "autotuner.cli", "tune", "--service", url, "--problems",
+                            str(problems), "--exhaustive", "--reps", "3", "--precision", "0", "--json"],
+                           env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr
+        row = json.loads(r.stdout)
+        assert row["uploaded"] == row["trials"] > 2, row
+        assert h.post("/v1/lookup", json={"device": DEVICE, "problem": problem(128, 64, 64, x=2)}).json()["source"] \
+            == "tuned"
+        assert not list(_outbox(url, tmp_path / "cache", monkeypatch).iterdir())
 
 
 def test_a_request_waits_for_a_service_that_is_starting_and_gives_up_after_its_time(
