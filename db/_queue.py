@@ -333,6 +333,54 @@ def trim_demand(s: Session, max_rows: int) -> int:
     return s.execute(delete(Demand).where(Demand.id.in_(victims))).rowcount or 0
 
 
+def _tuned() -> Any:
+    """EXISTS a winner of the demand row's (device, problem): correlated with ``Demand``."""
+    return (
+        select(Winner.id)
+        .join(Device, Winner.device_id == Device.id)
+        .join(Problem, Winner.problem_id == Problem.id)
+        .where(Device.key == Demand.device_key, Problem.key == Demand.problem_key)
+        .exists()
+    )
+
+
+def enqueue_demand(
+    s: Session,
+    device_key: str,
+    *,
+    limit: int = 10,
+    min_count: int = 1,
+    params: dict[str, Any] | None = None,
+    priority: int = 0,
+    now: datetime | None = None,
+) -> list[JobRecord]:
+    """Queue a tuning job for each of the ``limit`` most-missed problems of ``device_key``
+    (missed at least ``min_count`` times) that have no winner and never had a job; returns the
+    new jobs, most missed first. A pair whose job failed, or left no winner, is not queued
+    again from demand (queue it by hand, :func:`enqueue_job`): lookups that go on missing it
+    would otherwise retry it forever."""
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
+        raise ValueError(f"limit must be an integer from 1 to 1000, not {limit!r}")
+    if isinstance(min_count, bool) or not isinstance(min_count, int) or min_count < 1:
+        raise ValueError(f"min_count must be a positive integer, not {min_count!r}")
+    had_job = (
+        select(TuningJob.id)
+        .where(TuningJob.device_key == Demand.device_key, TuningJob.problem_key == Demand.problem_key)
+        .exists()
+    )
+    rows = s.scalars(
+        select(Demand)
+        .where(Demand.device_key == device_key, Demand.count >= min_count, ~_tuned(), ~had_job)
+        .order_by(Demand.count.desc(), Demand.last_seen.desc(), Demand.id)
+        .limit(limit)
+    ).all()
+    return [
+        enqueue_job(s, problem_key=r.problem_key, problem=r.problem, device_key=r.device_key,
+                    device=r.device, params=params, priority=priority, now=now)
+        for r in rows
+    ]
+
+
 def list_demand(
     s: Session,
     limit: int = 50,
@@ -350,12 +398,6 @@ def list_demand(
     if device_key is not None:
         stmt = stmt.where(Demand.device_key == device_key)
     if untuned_only:
-        tuned = (
-            select(Winner.id)
-            .join(Device, Winner.device_id == Device.id)
-            .join(Problem, Winner.problem_id == Problem.id)
-            .where(Device.key == Demand.device_key, Problem.key == Demand.problem_key)
-        )
-        stmt = stmt.where(~tuned.exists())
+        stmt = stmt.where(~_tuned())
     stmt = stmt.order_by(Demand.count.desc(), Demand.last_seen.desc(), Demand.id)
     return [demand_record(r) for r in s.scalars(stmt.offset(offset).limit(limit))]

@@ -41,6 +41,7 @@ from db._listing import SORT_KEYS, list_problems
 from db._nearest import nearest_winners, problem_groups, tuned_group, tuned_groups
 from db._queue import (
     claim_job,
+    enqueue_demand,
     enqueue_job,
     finish_job,
     get_job,
@@ -77,6 +78,7 @@ __all__ = [
     "clear_failure",
     "current_generation",
     "claim_job",
+    "enqueue_demand",
     "enqueue_job",
     "ensure_optuna_schema",
     "finish_job",

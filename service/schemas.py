@@ -274,6 +274,17 @@ class ReleaseRequest(BaseModel):
     worker: Text = _Text
 
 
+class DemandJobsRequest(BaseModel):
+    """Queue jobs for the problems lookups missed most on one device."""
+
+    model_config = _FINITE
+    device_key: Text = Field(min_length=1, max_length=128)
+    limit: int = Field(default=10, ge=1, le=1000)
+    min_count: int = Field(default=1, ge=1, le=2**31 - 1)
+    params: JsonObject = Field(default_factory=dict)
+    priority: int = Field(default=0, ge=-1_000_000, le=1_000_000)
+
+
 JobOut = record_out(JobRecord)
 
 
@@ -282,6 +293,11 @@ class ClaimResponse(BaseModel):
 
     model_config = _OUT
     job: JobOut | None
+
+
+class JobList(BaseModel):
+    model_config = _OUT
+    items: list[JobOut]
 
 
 class JobPage(BaseModel):

@@ -12,7 +12,7 @@ from typing import Any
 # what the [tune] and [service] extras bring (pyproject.toml): missing, the command says which extra
 EXTRAS = frozenset({"typer", "rich", "yaml", "sqlalchemy", "alembic", "psycopg", "optuna", "fastapi", "uvicorn",
                     "prometheus_client", "plotly", "jinja2"})
-COMMANDS = ("tune", "lab", "up", "db", "extract", "service", "costmodel", "plan_cmd", "bench", "tune_model")
+COMMANDS = ("tune", "worker_cmd", "lab", "up", "db", "extract", "service", "costmodel", "plan_cmd", "bench", "tune_model")
 
 
 def _registered() -> Any:

@@ -1,5 +1,5 @@
-"""`autotuner tune` (measure problems on a target, store the results) and `autotuner worker`
-(claim tuning jobs from a service). Progress and tables go to stderr, JSON to stdout."""
+"""`autotuner tune`: measure problems on a target, store the results (a database, or a service's
+through its outbox). Progress and tables go to stderr, JSON to stdout."""
 
 from __future__ import annotations
 
@@ -463,56 +463,3 @@ def print_summary(rows: list[dict[str, Any]]) -> None:
     for r in rows:   # the reference stays for these: not a coin flip stored as a winner
         if r.get("unresolved"):
             err.print(f"{r['name']}: {r['unresolved']}", highlight=False)
-
-
-# -- worker ----------------------------------------------------------------------------------------
-
-@app.command()
-def worker(
-    ctx: typer.Context,
-    service: Annotated[str, typer.Option(help="the service URL, e.g. http://autotuner:8000")],
-    token: Annotated[str | None, typer.Option(envvar="AUTOTUNER_WORKER_TOKEN", help="a write token of the "
-                                              "service (better: the environment variable, or --token-file)")] = None,
-    token_file: Annotated[Path | None, typer.Option(help=TOKEN_FILE_HELP)] = None,
-    target: Annotated[str | None, typer.Option(help="inproc:N, lab:TOPOLOGY:N:RATE or local")] = None,
-    once: Annotated[bool, typer.Option(help="stop when no job is left instead of polling")] = False,
-    poll: Annotated[float, typer.Option(min=0.1, help="seconds between claims when the queue is empty")] = 10.0,
-    lease: Annotated[float, typer.Option(min=5, help="job lease in seconds, renewed while tuning")] = 300.0,
-    trials: Annotated[int, typer.Option(min=1, help="default trial budget per job")] = 24,
-    reps: Annotated[int, typer.Option(min=3)] = 7,
-) -> None:
-    """Claim tuning jobs for this target's device from the service, tune them, upload results.
-
-    Stopped by SIGTERM (docker stop, a pod deleted) or Ctrl-C, the worker hands the job it holds
-    back to the queue at once and exits 128 + the signal's number (143, 130); killed outright,
-    its job returns to the queue when the lease expires.
-
-    A service that restarts is waited for, up to a lease. Each job's upload is kept in a file
-    until the service has stored it, and a worker that starts sends what an earlier one could
-    not (stored once, however often sent)."""
-    import httpx
-
-    from autotuner.errors import ServiceError
-    from autotuner.measure.targets import Target, TargetError, TargetSession, default_target
-    from autotuner.tune.service_worker import Stopped, pending_note, work
-
-    token = token_of(ctx, token, token_file)
-    if not token:
-        fail("a worker needs a write token of the service: set AUTOTUNER_WORKER_TOKEN, or give --token-file "
-             "FILE (or --token)")
-    try:
-        tgt = Target.parse(target or default_target())
-        with TargetSession(tgt, log=say) as ts:
-            err.print(f"worker on {ts.device.label} ({ts.device.key[:8]}), service {service}", highlight=False)
-            n = work(ts, service, token, once=once, poll_s=poll, lease_s=lease, trials=trials, reps=reps,
-                     say=say)
-    except Stopped as e:   # SIGTERM (docker stop, a pod deleted) or Ctrl-C: the held job handed back
-        err.print(str(e) + pending_note(service), highlight=False, style="bold red")
-        raise typer.Exit(128 + e.signum) from None
-    except TargetError as e:
-        fail(str(e))
-    except ServiceError as e:
-        fail(str(e) + pending_note(service))
-    except httpx.HTTPError as e:
-        fail(f"cannot reach {service}: {e}" + pending_note(service))
-    err.print(f"{n} job(s) done")

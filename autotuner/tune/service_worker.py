@@ -10,7 +10,7 @@ hands its job back at once (`POST /v1/jobs/{id}/release`) and raises :class:`Sto
 
 The worker rides out a service that restarts: a request that finds it unreachable or answering
 "not now" (429, 502-504) is tried again for up to a lease. A job's upload is kept in a file
-(`outbox/`, beside the scratch database) until the service has stored it, so measurements taken
+(:func:`outbox`, beside the scratch database) until the service has stored it, so measurements taken
 are never lost to an outage or a kill: the next start sends what an earlier one left. Sending an
 upload twice stores it once (the service skips a run's measurements it has).
 """
@@ -70,8 +70,9 @@ def scratch_db_url(service: str) -> str:
 
 
 def outbox(service: str) -> Path:
-    """The folder of a worker's uploads to ``service`` that it has not yet stored: one JSON
-    body per run, removed once stored (``*.refused`` where the service refused it)."""
+    """The folder of the uploads to ``service`` (the worker's and `tune --service`'s) that it
+    has not yet stored: one JSON body per run and problem, removed once stored (``*.refused``
+    where the service refused the body)."""
     from autotuner.settings import get_settings
 
     return get_settings().cache_dir / (_scratch_name(service) + "-outbox")
@@ -96,7 +97,8 @@ class Unavailable(ServiceError):
 def call(http: httpx.Client, path: str, body: dict[str, Any], what: str, until: float) -> Any:
     """POST ``body`` to ``path``; while the service is unreachable or answers "not now"
     (:data:`TRANSIENT`) try again after 1, 2, 4 ... 30 s, until the monotonic time ``until``,
-    then raise the last error (httpx's, or :class:`ServiceError`). Other errors at once."""
+    then raise the last error (httpx's, or :class:`Unavailable`); an error status other than those
+    at once (:class:`Refused`)."""
     wait = 1.0
     while True:
         try:
@@ -125,7 +127,7 @@ def keep(folder: Path, name: str, body: dict[str, Any]) -> Path:
 
 
 def send_run(http: httpx.Client, service: str, database: Any, device: Device, problem: Problem, run_id: str,
-               until: float, name: str | None = None) -> dict[str, Any]:
+             until: float, name: str | None = None) -> dict[str, Any]:
     """Send this run's measurements of (device, problem) from the scratch database, kept in
     :func:`outbox` until the service has stored them; returns the service's answer."""
     from autotuner.results import results_body
@@ -145,7 +147,11 @@ def send_kept(http: httpx.Client, path: Path, until: float) -> dict[str, Any]:
     service refuses (:data:`BAD_BODY`) is renamed ``*.refused`` and the error raised; for any
     other error (unreachable, busy, a token refused) the file stays, for the next try."""
     try:
-        res = call(http, "/v1/results", json.loads(path.read_text()), "uploading results", until)
+        try:
+            body = json.loads(path.read_text())
+        except ValueError as e:   # not what keep() wrote (edited, or a disk's fault): set aside
+            raise Refused(f"{path.name} is not an upload body: {e}", 400) from None
+        res = call(http, "/v1/results", body, "uploading results", until)
     except Refused as e:
         if e.status in BAD_BODY:
             with contextlib.suppress(FileNotFoundError):   # another worker of this cache folder did
@@ -263,8 +269,10 @@ def release(http: httpx.Client, job_id: int, worker: str) -> str:
 
 def work(ts: Any, service: str, token: str, *, once: bool = False, poll_s: float = 10.0,
          lease_s: float = 300.0, trials: int = 24, seconds: float | None = None, reps: int = 7,
-         say: Any = print) -> int:
-    """Claim and tune jobs for this target's device until none is left (once) or forever.
+         from_demand: int = 0, say: Any = print) -> int:
+    """Claim and tune jobs for this target's device until none is left (once) or forever; with
+    ``from_demand`` N, an empty queue is filled with jobs for up to N problems lookups missed on
+    this device (`POST /v1/jobs/from-demand`).
     Returns the number of jobs finished; raises :class:`Stopped` on SIGINT/SIGTERM, after
     handing the job it holds back to the queue. A service unreachable for longer than a lease
     raises httpx's error (what was measured stays in :func:`outbox`)."""
@@ -286,8 +294,14 @@ def work(ts: Any, service: str, token: str, *, once: bool = False, poll_s: float
         try:
             while True:
                 send_pending(http, kept, time.monotonic() + lease_s, say)
-                job = post("/v1/jobs/claim", {"worker": worker, "lease_seconds": lease_s,
-                                              "device_key": ts.device.key}, "claiming a job")["job"]
+                claim = {"worker": worker, "lease_seconds": lease_s, "device_key": ts.device.key}
+                job = post("/v1/jobs/claim", claim, "claiming a job")["job"]
+                if job is None and from_demand:
+                    new = post("/v1/jobs/from-demand", {"device_key": ts.device.key, "limit": from_demand},
+                               "queueing what lookups missed")["items"]
+                    if new:
+                        say(f"queued {len(new)} job(s) for problems lookups missed on this device")
+                        job = post("/v1/jobs/claim", claim, "claiming a job")["job"]
                 if job is None:
                     if once:
                         return done

@@ -22,8 +22,10 @@ from service.routes._common import (
 from service.schemas import (
     ClaimRequest,
     ClaimResponse,
+    DemandJobsRequest,
     FinishRequest,
     HeartbeatRequest,
+    JobList,
     JobOut,
     JobPage,
     JobRequest,
@@ -70,6 +72,18 @@ def claim(_: WriteAuth, req: ClaimRequest, s: SessionDep, state: StateDep) -> Cl
     job = repo.claim_job(s, req.worker, lease, device_key=req.device_key,
                          max_attempts=req.max_attempts)
     return ClaimResponse(job=JobOut.of(job) if job is not None else None)
+
+
+@router.post("/from-demand", response_model=JobList, responses=responses(*WRITE))
+def from_demand(_: WriteAuth, req: DemandJobsRequest, s: SessionDep) -> JobList:
+    """Queue a job for each of the `limit` problems that lookups missed most on the device
+    `device_key` (`GET /v1/demand`; at least `min_count` misses) and that have no winner and never
+    had a job; returns the new jobs. A pair whose job failed or left no winner is not queued from
+    demand again (`POST /v1/jobs` does). `autotuner worker --from-demand N` asks for this when the
+    queue is empty."""
+    jobs = repo.enqueue_demand(s, req.device_key, limit=req.limit, min_count=req.min_count,
+                               params=req.params, priority=req.priority)
+    return JobList(items=[JobOut.of(j) for j in jobs])
 
 
 @router.get("/{job_id}", response_model=JobOut, responses=responses(*READ, 404))

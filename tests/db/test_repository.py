@@ -685,6 +685,36 @@ class TestRepositoryContract:
             with pytest.raises(LeaseError):   # a finished job stays finished
                 repo.release_job(s, done.id, "w-b")
 
+    def test_demand_becomes_jobs_once(self, database: Database) -> None:
+        with database.session() as s:
+            for key, n in (("p1", 5), ("p2", 3), ("p3", 1), ("p4", 9), ("p5", 2)):
+                for i in range(n):
+                    repo.record_miss(s, "d", {"platform": "cpu"}, key, {"k": key}, now=T0 + timedelta(seconds=i))
+            repo.record_miss(s, "e", {"platform": "gpu"}, "p1", {"k": "p1"}, now=T0)
+            dev, tuned = add_device(s, "d"), add_problem(s, "p2")    # p2 has a winner by now: not queued
+            repo.record_measurements(s, dev.id, tuned.id, [
+                {"strategy": {"method": "baseline"}, "strategy_key": "baseline", "status": "ok", "median_s": 1.0,
+                 "samples": [1.0]}])
+            repo.recompute_winner(s, dev.id, tuned.id)
+            failed = repo.enqueue_job(s, problem_key="p4", problem={}, device_key="d", device={})
+            assert repo.claim_job(s, "w", 60) is not None
+            repo.finish_job(s, failed.id, "w", "failed", error="boom")   # p4's job failed: not again
+
+            first = repo.enqueue_demand(s, "d", limit=2, params={"trials": 3}, now=T0)
+            assert [(j.problem_key, j.problem, j.device, j.status, j.params) for j in first] == [
+                ("p1", {"k": "p1"}, {"platform": "cpu"}, "queued", {"trials": 3}),
+                ("p5", {"k": "p5"}, {"platform": "cpu"}, "queued", {"trials": 3})]
+            assert repo.enqueue_demand(s, "d", min_count=2) == []          # p3 was missed once
+            third = repo.enqueue_demand(s, "d")
+            assert [j.problem_key for j in third] == ["p3"]
+            assert repo.enqueue_demand(s, "d") == []                       # each pair once
+            assert [j.device for j in repo.enqueue_demand(s, "e")] == [{"platform": "gpu"}]
+            for bad in (0, 1001, True, "3"):
+                with pytest.raises(ValueError, match="limit"):
+                    repo.enqueue_demand(s, "d", limit=bad)  # type: ignore[arg-type]
+            with pytest.raises(ValueError, match="min_count"):
+                repo.enqueue_demand(s, "d", min_count=0)
+
     def test_demand_counts_misses(self, database: Database) -> None:
         with database.session() as s:
             first = repo.record_miss(

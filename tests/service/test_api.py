@@ -50,7 +50,7 @@ def test_healthz_openapi_and_metrics(client):
     paths = set(spec["paths"])
     assert {"/v1/lookup", "/v1/lookup/batch", "/v1/results", "/v1/jobs", "/v1/jobs/claim",
             "/v1/jobs/{job_id}", "/v1/jobs/{job_id}/heartbeat", "/v1/jobs/{job_id}/finish",
-            "/v1/jobs/{job_id}/release",
+            "/v1/jobs/{job_id}/release", "/v1/jobs/from-demand",
             "/v1/problems", "/v1/problems/{problem}", "/v1/demand", "/v1/snapshot", "/v1/devices",
             "/v1/model-benches", "/v1/model-benches/{bench_id}",
             "/healthz", "/metrics"} <= paths
@@ -324,7 +324,7 @@ def test_writes_need_a_write_token(make_client, database):
     job = {"device": DEVICE, "problem": problem()}
     writes = [("/v1/results", results), ("/v1/jobs", job), ("/v1/jobs/claim", {"worker": "w"}),
               ("/v1/jobs/1/heartbeat", {"worker": "w"}), ("/v1/jobs/1/finish", {"worker": "w", "status": "done"}),
-              ("/v1/jobs/1/release", {"worker": "w"})]
+              ("/v1/jobs/1/release", {"worker": "w"}), ("/v1/jobs/from-demand", {"device_key": "d"})]
     for path, body in writes:
         r = c.post(path, json=body)
         assert r.status_code == 401, (path, r.text)
@@ -518,6 +518,26 @@ def test_job_release_returns_it_to_the_queue_at_once(client):
     again = client.post("/v1/jobs/claim", json={"worker": "w2", "max_attempts": 1},
                         headers=WRITE_HEADERS).json()["job"]
     assert again["id"] == job["id"] and again["worker"] == "w2" and again["attempts"] == 1
+
+
+def test_jobs_from_demand(client):
+    for p in (problem(), problem(1024), problem()):      # missed: problem() twice, problem(1024) once
+        lookup(client, p)
+    deadline = time.monotonic() + 10   # misses reach the demand table within the writer's interval
+    while len(client.get("/v1/demand").json()["items"]) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    r = client.post("/v1/jobs/from-demand", json={"device_key": DEVICE_KEY, "limit": 1, "params": {"trials": 4}},
+                    headers=WRITE_HEADERS)
+    assert r.status_code == 200, r.text
+    (first,) = r.json()["items"]
+    assert first["problem"] == Problem.from_dict(problem()).canonical() and first["device"] == DEVICE
+    assert (first["status"], first["params"]) == ("queued", {"trials": 4})
+    again = client.post("/v1/jobs/from-demand", json={"device_key": DEVICE_KEY}, headers=WRITE_HEADERS).json()
+    assert [j["problem_key"] for j in again["items"]] == [Problem.from_dict(problem(1024)).key]
+    assert client.post("/v1/jobs/from-demand", json={"device_key": DEVICE_KEY},
+                       headers=WRITE_HEADERS).json() == {"items": []}
+    for bad in ({"device_key": DEVICE_KEY, "limit": 0}, {"device_key": ""}, {"limit": 3}):
+        assert client.post("/v1/jobs/from-demand", json=bad, headers=WRITE_HEADERS).status_code == 422, bad
 
 
 def test_job_lease_expiry_and_reclaim(client):

@@ -143,3 +143,36 @@ def test_a_request_waits_for_a_service_that_is_starting_and_gives_up_after_its_t
             thread.join()
             for proc in started:
                 stop_server(proc)
+
+
+@pytest.mark.slow
+def test_a_lookup_that_missed_is_tuned_by_a_worker_from_demand(sqlite_template, tmp_path, monkeypatch):
+    """The loop the service exists for: a lookup misses (default answer), the miss is counted as
+    demand, a worker with --from-demand queues it, tunes it on its devices and uploads, and the
+    same lookup is answered tuned; the pair is queued from demand once."""
+    from autotuner.measure.targets import Target, TargetSession
+    from autotuner.settings import get_settings
+    from autotuner.tune import service_worker
+
+    shutil.copyfile(sqlite_template, tmp_path / "service.db")
+    monkeypatch.setenv("AUTOTUNER_CACHE_DIR", str(tmp_path / "cache"))
+    get_settings.cache_clear()
+    try:
+        with live_server(f"sqlite:///{tmp_path / 'service.db'}", env={"AUTOTUNER_WRITE_TOKENS": WRITE_TOKEN}) as url, \
+                httpx.Client(base_url=url, trust_env=False, timeout=10) as h, \
+                TargetSession(Target.parse("inproc:8")) as ts:   # this process's 8 CPU devices
+            body = {"device": ts.device.to_dict(), "problem": problem(256, 128, 64)}
+            assert h.post("/v1/lookup", json=body).json()["source"] == "default"
+            deadline = time.monotonic() + 10   # the miss reaches the demand table within 0.5 s
+            while not h.get("/v1/demand").json()["items"]:
+                assert time.monotonic() < deadline, "the miss was not counted"
+                time.sleep(0.1)
+            said: list[str] = []
+            assert service_worker.work(ts, url, WRITE_TOKEN, once=True, trials=2, reps=3, from_demand=5,
+                                       say=said.append) == 1
+            assert said[0] == "queued 1 job(s) for problems lookups missed on this device", said
+            assert h.post("/v1/lookup", json=body).json()["source"] == "tuned"
+            assert service_worker.work(ts, url, WRITE_TOKEN, once=True, from_demand=5, say=said.append) == 0
+            assert [j["status"] for j in h.get("/v1/jobs").json()["items"]] == ["done"]
+    finally:
+        get_settings.cache_clear()
