@@ -85,3 +85,14 @@ def token_of(ctx: typer.Context, token: str | None, token_file: Path | None) -> 
         fail(f"--token-file {token_file}: expected one token on one line"
              + (", the file is empty" if not text else ""))
     return text
+
+
+def check_service_url(url: str) -> None:
+    """One line (exit 2) unless ``url`` is an http(s)://HOST[:PORT] URL (`runtime.transport.check_url`,
+    the client's rule): before a target starts, not after the first request."""
+    from autotuner.runtime.transport import ServiceURLError, check_url
+
+    try:
+        check_url(url)
+    except ServiceURLError as e:
+        fail(str(e))

@@ -18,6 +18,7 @@ from autotuner.cli.common import (
     SERVICE_TOKEN_ENV,
     TOKEN_FILE_HELP,
     app,
+    check_service_url,
     db_url,
     err,
     fail,
@@ -147,6 +148,8 @@ def tune(
              "FILE (or --token)")
     if service and db:
         fail("give either --db (store locally) or --service (upload), not both")
+    if service:
+        check_service_url(service)
     if service:
         from autotuner.tune.service_worker import scratch_db_url
 

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from autotuner.cli.common import TOKEN_FILE_HELP, app, err, fail, say, token_of
+from autotuner.cli.common import TOKEN_FILE_HELP, app, check_service_url, err, fail, say, token_of
 
 
 @app.command()
@@ -50,6 +50,7 @@ def worker(
     if not token:
         fail("a worker needs a write token of the service: set AUTOTUNER_WORKER_TOKEN, or give --token-file "
              "FILE (or --token)")
+    check_service_url(service)
     try:
         tgt = Target.parse(target or default_target())
         with TargetSession(tgt, log=say) as ts:

@@ -106,7 +106,7 @@ def call(http: httpx.Client, path: str, body: dict[str, Any], what: str, until: 
             if r.status_code not in TRANSIENT:
                 return _check(r, what)
             last: Exception = Unavailable(f"{what}: HTTP {r.status_code} (the service is busy or restarting)")
-        except httpx.TransportError as e:
+        except (httpx.NetworkError, httpx.TimeoutException, httpx.RemoteProtocolError) as e:   # not a bad URL
             last = e
         if time.monotonic() + wait > until:
             raise last

@@ -189,3 +189,14 @@ def test_worker_token_from_the_environment_or_a_file(recorder, tmp_path, monkeyp
                              env=env)
     assert res.exit_code == 0, res.output
     assert got == ["worker-env-token" if how == "env" else "worker-file-token"]
+
+
+@pytest.mark.parametrize("command", ["tune", "worker"])
+def test_a_service_url_without_its_scheme_is_one_line_before_a_target_starts(tmp_path, command):
+    problems = tmp_path / "problems.json"
+    problems.write_text(json.dumps([problem()]))
+    argv = [command, "--service", "autotuner:8000", "--token", "t", "--target", "inproc:8"]
+    res = CliRunner().invoke(app, [*argv, "--problems", str(problems)] if command == "tune" else argv)
+    assert res.exit_code == 2, res.output
+    assert "service URL 'autotuner:8000': expected http(s)://HOST[:PORT]" in res.output, res.output
+    assert "lab " not in res.output and "worker on" not in res.output and "target" not in res.output
