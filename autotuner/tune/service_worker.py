@@ -267,6 +267,37 @@ def release(http: httpx.Client, job_id: int, worker: str) -> str:
         return f"not handed back ({why}); it returns to the queue when its lease expires"
 
 
+def _tune_job(ts: Any, http: httpx.Client, service: str, database: Any, job: dict[str, Any], worker: str,
+              lease_s: float, defaults: dict[str, Any], say: Any) -> tuple[str, str | None]:
+    """Tune one claimed job under a renewed lease and upload it through the outbox; returns the
+    job's final (status, error). A service gone for longer than a lease raises (the upload stays
+    kept); anything else fails the job alone."""
+    import uuid
+
+    from autotuner.tune.search import tune_problem
+
+    problem = problem_from_dict(job["problem"])
+    params = {**defaults, **(job.get("params") or {})}
+    say(f"job {job['id']}: {problem.describe()}")
+    try:
+        ts.check(problem)
+        run_id = uuid.uuid4().hex[:12]
+        with _Heartbeat(http, job["id"], worker, lease_s):
+            tune_problem(ts, database, problem, trials=int(params["trials"]), seconds=params["seconds"],
+                         reps=int(params["reps"]), run_id=run_id, name=f"job {job['id']}")
+            res = send_run(http, service, database, ts.device, problem, run_id, time.monotonic() + lease_s)
+    except (httpx.TransportError, Unavailable):
+        raise
+    except Exception as e:  # noqa: BLE001 - the job fails, the worker goes on
+        error = f"{type(e).__name__}: {e}"[:5000]
+        say(f"job {job['id']}: failed: {error}")
+        return "failed", error
+    w = res.get("winner") or {}
+    say(f"job {job['id']}: uploaded {res['recorded']} measurements; winner "
+        f"{(w.get('strategy') or {}).get('method', '-')} x{w.get('speedup', float('nan')):.3f}")
+    return "done", None
+
+
 def work(ts: Any, service: str, token: str, *, once: bool = False, poll_s: float = 10.0,
          lease_s: float = 300.0, trials: int = 24, seconds: float | None = None, reps: int = 7,
          from_demand: int = 0, say: Any = print) -> int:
@@ -276,15 +307,13 @@ def work(ts: Any, service: str, token: str, *, once: bool = False, poll_s: float
     Returns the number of jobs finished; raises :class:`Stopped` on SIGINT/SIGTERM, after
     handing the job it holds back to the queue. A service unreachable for longer than a lease
     raises httpx's error (what was measured stays in :func:`outbox`)."""
-    import uuid
-
-    from autotuner.tune.search import tune_problem
     from db import Database
 
     worker = f"{socket.gethostname()}:{os.getpid()}"
     database = Database(scratch_db_url(service))
     database.upgrade()
-    kept = outbox(service)
+    defaults = {"trials": trials, "seconds": seconds, "reps": reps}
+    claim = {"worker": worker, "lease_seconds": lease_s, "device_key": ts.device.key}
     done, held = 0, None
 
     def post(path: str, body: dict[str, Any], what: str) -> Any:
@@ -293,8 +322,7 @@ def work(ts: Any, service: str, token: str, *, once: bool = False, poll_s: float
     with http_client(service, token) as http, _term_interrupts() as signals:
         try:
             while True:
-                send_pending(http, kept, time.monotonic() + lease_s, say)
-                claim = {"worker": worker, "lease_seconds": lease_s, "device_key": ts.device.key}
+                send_pending(http, outbox(service), time.monotonic() + lease_s, say)
                 job = post("/v1/jobs/claim", claim, "claiming a job")["job"]
                 if job is None and from_demand:
                     new = post("/v1/jobs/from-demand", {"device_key": ts.device.key, "limit": from_demand},
@@ -308,33 +336,11 @@ def work(ts: Any, service: str, token: str, *, once: bool = False, poll_s: float
                     time.sleep(poll_s)
                     continue
                 held = job["id"]
-                problem = problem_from_dict(job["problem"])
-                params = job.get("params") or {}
-                say(f"job {held}: {problem.describe()}")
-                status, error = "done", None
-                try:
-                    ts.check(problem)
-                    run_id = uuid.uuid4().hex[:12]
-                    with _Heartbeat(http, held, worker, lease_s):
-                        tune_problem(ts, database, problem, trials=int(params.get("trials", trials)),
-                                     seconds=params.get("seconds", seconds), reps=int(params.get("reps", reps)),
-                                     run_id=run_id, name=f"job {held}")
-                        res = send_run(http, service, database, ts.device, problem, run_id,
-                                       time.monotonic() + lease_s)
-                    w = res.get("winner") or {}
-                    say(f"job {held}: uploaded {res['recorded']} measurements; winner "
-                        f"{(w.get('strategy') or {}).get('method', '-')} x{w.get('speedup', float('nan')):.3f}")
-                except (httpx.TransportError, Unavailable):
-                    raise   # the service is gone for longer than a lease: the upload stays kept
-                except Exception as e:  # noqa: BLE001 - the job fails, the worker goes on
-                    status, error = "failed", f"{type(e).__name__}: {e}"[:5000]
-                    say(f"job {held}: failed: {error}")
+                status, error = _tune_job(ts, http, service, database, job, worker, lease_s, defaults, say)
                 try:
                     post(f"/v1/jobs/{held}/finish", {"worker": worker, "status": status, "error": error},
                          "finishing the job")
-                except ServiceError as e:   # its lease ran out and another worker has it, or it was finished
-                    if isinstance(e, Unavailable):
-                        raise
+                except Refused as e:   # its lease ran out and another worker has it, or it was finished
                     say(f"job {held}: not finished here: {e}")
                 held = None
                 done += 1
