@@ -59,7 +59,7 @@ HEALTH_PATH = "/healthz"
 LIVE_PATH = "/livez"
 # AUTOTUNER_* names the deploy files use that are not settings: compose variables only,
 # interpolated into a command line (never a container's environment: the code ignores them).
-DEPLOY_ONLY_VARS = {"AUTOTUNER_WORKER_TOKEN": "the tuner worker's token (docker-compose.yml)",
+DEPLOY_ONLY_VARS = {"AUTOTUNER_WORKER_TOKEN": "the tuner worker's token (docker-compose.yml, the k8s worker pool)",
                     "AUTOTUNER_BIND": "the host address compose publishes the service on (docker-compose.yml)"}
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 # accelerator resource -> the JAX_EXTRA its image must be built with (a prefix of it)
@@ -1474,6 +1474,48 @@ def check_k8s_tuners(d: Deploy) -> list[str]:
     return errors
 
 
+def check_k8s_workers(d: Deploy) -> list[str]:
+    """The standing tuner pool: a Deployment running `autotuner worker --target local --service
+    ...` on one accelerator kind, its token in the environment (or --token-file), on the image
+    with the matching JAX, with a grace period that leaves a stopped worker the time to hand its
+    job back (`POST /v1/jobs/{id}/release`, one request of at most 10 s)."""
+    errors = []
+    workers = [c for c in d.containers if _cli_path(effective_argv(
+        c.spec.get("command"), c.spec.get("args"), d.image_entrypoint, d.image_cmd), d) == ["worker"]
+        and c.where.startswith(K8S)]
+    if not workers:
+        return [f"{K8S}: no Deployment runs `autotuner worker` (the standing tuner pool)"]
+    for c in workers:
+        argv = [str(a) for a in effective_argv(c.spec.get("command"), c.spec.get("args"),
+                                                d.image_entrypoint, d.image_cmd)]
+        if c.doc["kind"] != "Deployment":
+            errors.append(f"{c.where}: a worker runs until stopped: a Deployment, not a {c.doc['kind']}")
+        if _option(argv, "--service") is None:
+            errors.append(f"{c.where}: worker without --service")
+        env, _ = container_env(c, d)
+        if given_token(argv, env, d) is None and _option(argv, "--token-file") is None:
+            errors.append(f"{c.where}: worker without a token: set {' or '.join(token_envvars(['worker']))} "
+                          "from a Secret (or mount one for --token-file)")
+        if _option(argv, "--target") != "local":
+            errors.append(f"{c.where}: --target {_option(argv, '--target')}; a worker on an accelerator tunes "
+                          "--target local")
+        grace = c.pod.get("terminationGracePeriodSeconds", 30)
+        if grace < 15:
+            errors.append(f"{c.where}: terminationGracePeriodSeconds {grace}: a stopped worker needs up to 10 s "
+                          "to hand its job back")
+        limits = (c.spec.get("resources") or {}).get("limits") or {}
+        accel = {r: limits[r] for r in ACCELERATORS if limits.get(r)}
+        if len(accel) != 1:
+            errors.append(f"{c.where}: expected one accelerator limit of {sorted(ACCELERATORS)}, found {accel}")
+            continue
+        (resource, _), = accel.items()
+        tag = our_image(c.spec.get("image", ""))
+        if tag is None or not tag[1].startswith(ACCELERATORS[resource]):
+            errors.append(f"{c.where}: asks for {resource} on image {c.spec.get('image')}; it needs the image "
+                          f"built with JAX_EXTRA={ACCELERATORS[resource]}...")
+    return errors
+
+
 def _job_processes(c: Container, env: dict[str, Any], d: Deploy, errors: list[str]) -> int:
     """How many JAX processes a tuner Job runs: its completions for an Indexed Job, which must give
     each pod the environment `autotuner tune` joins a multi-process job from (JAX_NUM_PROCESSES =
@@ -1690,6 +1732,10 @@ def test_k8s_tuner_jobs(deploy: Deploy) -> None:
     _ok(check_k8s_tuners(deploy))
 
 
+def test_k8s_worker_pool(deploy: Deploy) -> None:
+    _ok(check_k8s_workers(deploy))
+
+
 def test_images(deploy: Deploy) -> None:
     _ok(check_images(deploy))
 
@@ -1857,6 +1903,14 @@ MISTAKES = [
     ("the worker's token not a write token", check_compose,
      (COMPOSE, "AUTOTUNER_WORKER_TOKEN: ${AUTOTUNER_WORKER_TOKEN:?", "AUTOTUNER_WORKER_TOKEN: ${OTHER_TOKEN:?"),
      "is not among"),
+    ("a worker on CPU devices in the cluster", check_k8s_workers,
+     ("deploy/k8s/tuner/worker-gpu-deployment.yaml", "- --target\n            - local", "- --target\n            - inproc:8"), "--target inproc:8"),
+    ("a worker without its token", check_k8s_workers,
+     ("deploy/k8s/tuner/worker-gpu-deployment.yaml", "name: AUTOTUNER_WORKER_TOKEN", "name: AUTOTUNER_SERVICE_TOKEN"), "worker without a token"),
+    ("a worker killed before it hands its job back", check_k8s_workers,
+     ("deploy/k8s/tuner/worker-gpu-deployment.yaml", "terminationGracePeriodSeconds: 60", "terminationGracePeriodSeconds: 1"), "hand its job back"),
+    ("a GPU worker on the CPU image", check_k8s_workers,
+     ("deploy/k8s/tuner/worker-gpu-deployment.yaml", "image: overlap-autotuner:0.1.0-cuda12", "image: overlap-autotuner:0.1.0"), "JAX_EXTRA=cuda"),
     ("a worker token with a default", check_compose_secrets,
      (COMPOSE, "AUTOTUNER_WORKER_TOKEN: ${AUTOTUNER_WORKER_TOKEN:?set AUTOTUNER_WORKER_TOKEN, the tuner worker's write token}",
       "AUTOTUNER_WORKER_TOKEN: ${AUTOTUNER_WORKER_TOKEN:-devtoken}"), "must be ${AUTOTUNER_WORKER_TOKEN:?message}"),
