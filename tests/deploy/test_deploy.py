@@ -1399,37 +1399,19 @@ def check_k8s_tuners(d: Deploy) -> list[str]:
 
     errors = []
     found: set[str] = set()
-    tuners = [c for c in d.containers if c.doc["kind"] == "Job" and _cli_path(effective_argv(
-        c.spec.get("command"), c.spec.get("args"), d.image_entrypoint, d.image_cmd), d) == ["tune"]]
-    for c in tuners:
-        argv = [str(a) for a in effective_argv(c.spec.get("command"), c.spec.get("args"),
-                                                d.image_entrypoint, d.image_cmd)]
-        for opt in ("--service", "--problems"):
-            if _option(argv, opt) is None:
-                errors.append(f"{c.where}: tune without {opt}")
-        env, _ = container_env(c, d)
-        if given_token(argv, env, d) is None and _option(argv, "--token-file") is None:
-            errors.append(f"{c.where}: tune without a token: set {' or '.join(token_envvars(['tune']))} "
-                          "from a Secret (or mount one for --token-file)")
-        if _option(argv, "--target") != "local":
-            errors.append(f"{c.where}: --target {_option(argv, '--target')}; a Job on an accelerator tunes --target local")
-        res = c.spec.get("resources") or {}
-        accel = {r: (res.get("limits") or {}).get(r) for r in ACCELERATORS if (res.get("limits") or {}).get(r)}
-        if len(accel) != 1:
-            errors.append(f"{c.where}: expected one accelerator limit of {sorted(ACCELERATORS)}, found {accel}")
+    for c in [c for c in _accelerator_commands(d, "tune") if c.doc["kind"] == "Job"]:
+        argv, env, resource, errs = _on_an_accelerator(c, d, "tune", ("--service", "--problems"))
+        errors += errs
+        if resource is None:
             continue
-        (resource, count), = accel.items()
         found.add(resource)
-        per_pod = int(count)
+        res = c.spec.get("resources") or {}
+        per_pod = int(res["limits"][resource])
         count = per_pod * (processes := _job_processes(c, env, d, errors))
         if processes > 1:
             found.add("multi-process")
         if (res.get("requests") or {}).get(resource, per_pod) != per_pod:
             errors.append(f"{c.where}: {resource}: requests and limits differ")
-        tag = our_image(c.spec.get("image", ""))
-        if tag is None or not tag[1].startswith(ACCELERATORS[resource]):
-            errors.append(f"{c.where}: asks for {resource} on image {c.spec.get('image')}; it needs the image "
-                          f"built with JAX_EXTRA={ACCELERATORS[resource]}...")
         if resource == "google.com/tpu":
             sel = c.pod.get("nodeSelector") or {}
             missing = [k for k in TPU_NODE_SELECTORS if k not in sel]
@@ -1474,45 +1456,60 @@ def check_k8s_tuners(d: Deploy) -> list[str]:
     return errors
 
 
+def _accelerator_commands(d: Deploy, command: str) -> list[Container]:
+    """The manifests' containers that run `autotuner COMMAND`."""
+    return [c for c in d.containers if c.where.startswith(K8S) and _cli_path(effective_argv(
+        c.spec.get("command"), c.spec.get("args"), d.image_entrypoint, d.image_cmd), d) == [command]]
+
+
+def _on_an_accelerator(c: Container, d: Deploy, command: str,
+                       required: tuple[str, ...]) -> tuple[list[str], dict[str, Any], str | None, list[str]]:
+    """What a tuner Job and a worker on an accelerator share: the ``required`` options, a token
+    from the environment (or --token-file), --target local, one accelerator limit and the image
+    built for it. Returns (argv, env, the accelerator resource or None, errors)."""
+    errors = []
+    argv = [str(a) for a in effective_argv(c.spec.get("command"), c.spec.get("args"),
+                                            d.image_entrypoint, d.image_cmd)]
+    for opt in required:
+        if _option(argv, opt) is None:
+            errors.append(f"{c.where}: {command} without {opt}")
+    env, _ = container_env(c, d)
+    if given_token(argv, env, d) is None and _option(argv, "--token-file") is None:
+        errors.append(f"{c.where}: {command} without a token: set {' or '.join(token_envvars([command]))} "
+                      "from a Secret (or mount one for --token-file)")
+    if _option(argv, "--target") != "local":
+        errors.append(f"{c.where}: --target {_option(argv, '--target')}; {command} on an accelerator tunes "
+                      "--target local")
+    limits = (c.spec.get("resources") or {}).get("limits") or {}
+    accel = {r: limits[r] for r in ACCELERATORS if limits.get(r)}
+    if len(accel) != 1:
+        errors.append(f"{c.where}: expected one accelerator limit of {sorted(ACCELERATORS)}, found {accel}")
+        return argv, env, None, errors
+    (resource, _), = accel.items()
+    tag = our_image(c.spec.get("image", ""))
+    if tag is None or not tag[1].startswith(ACCELERATORS[resource]):
+        errors.append(f"{c.where}: asks for {resource} on image {c.spec.get('image')}; it needs the image "
+                      f"built with JAX_EXTRA={ACCELERATORS[resource]}...")
+    return argv, env, resource, errors
+
+
 def check_k8s_workers(d: Deploy) -> list[str]:
     """The standing tuner pool: a Deployment running `autotuner worker --target local --service
     ...` on one accelerator kind, its token in the environment (or --token-file), on the image
     with the matching JAX, with a grace period that leaves a stopped worker the time to hand its
     job back (`POST /v1/jobs/{id}/release`, one request of at most 10 s)."""
-    errors = []
-    workers = [c for c in d.containers if _cli_path(effective_argv(
-        c.spec.get("command"), c.spec.get("args"), d.image_entrypoint, d.image_cmd), d) == ["worker"]
-        and c.where.startswith(K8S)]
+    workers = _accelerator_commands(d, "worker")
     if not workers:
         return [f"{K8S}: no Deployment runs `autotuner worker` (the standing tuner pool)"]
+    errors = []
     for c in workers:
-        argv = [str(a) for a in effective_argv(c.spec.get("command"), c.spec.get("args"),
-                                                d.image_entrypoint, d.image_cmd)]
+        errors += _on_an_accelerator(c, d, "worker", ("--service",))[3]
         if c.doc["kind"] != "Deployment":
             errors.append(f"{c.where}: a worker runs until stopped: a Deployment, not a {c.doc['kind']}")
-        if _option(argv, "--service") is None:
-            errors.append(f"{c.where}: worker without --service")
-        env, _ = container_env(c, d)
-        if given_token(argv, env, d) is None and _option(argv, "--token-file") is None:
-            errors.append(f"{c.where}: worker without a token: set {' or '.join(token_envvars(['worker']))} "
-                          "from a Secret (or mount one for --token-file)")
-        if _option(argv, "--target") != "local":
-            errors.append(f"{c.where}: --target {_option(argv, '--target')}; a worker on an accelerator tunes "
-                          "--target local")
         grace = c.pod.get("terminationGracePeriodSeconds", 30)
         if grace < 15:
             errors.append(f"{c.where}: terminationGracePeriodSeconds {grace}: a stopped worker needs up to 10 s "
                           "to hand its job back")
-        limits = (c.spec.get("resources") or {}).get("limits") or {}
-        accel = {r: limits[r] for r in ACCELERATORS if limits.get(r)}
-        if len(accel) != 1:
-            errors.append(f"{c.where}: expected one accelerator limit of {sorted(ACCELERATORS)}, found {accel}")
-            continue
-        (resource, _), = accel.items()
-        tag = our_image(c.spec.get("image", ""))
-        if tag is None or not tag[1].startswith(ACCELERATORS[resource]):
-            errors.append(f"{c.where}: asks for {resource} on image {c.spec.get('image')}; it needs the image "
-                          f"built with JAX_EXTRA={ACCELERATORS[resource]}...")
     return errors
 
 
