@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -37,22 +38,20 @@ def _wait(what: str, cond, proc: subprocess.Popen[str], timeout: float = 120.0) 
         time.sleep(0.1)
 
 
-def _outbox(url: str, cache: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The outbox a worker or `tune --service` with AUTOTUNER_CACHE_DIR=cache keeps for url."""
+@pytest.fixture
+def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """AUTOTUNER_CACHE_DIR (the scratch databases and the outboxes) in tmp_path, for this process and
+    the workers it starts."""
     from autotuner.settings import get_settings
-    from autotuner.tune import service_worker
 
-    monkeypatch.setenv("AUTOTUNER_CACHE_DIR", str(cache))
+    monkeypatch.setenv("AUTOTUNER_CACHE_DIR", str(tmp_path / "cache"))
     get_settings.cache_clear()
-    try:
-        return service_worker.outbox(url)
-    finally:
-        monkeypatch.undo()
-        get_settings.cache_clear()
+    yield tmp_path / "cache"
+    get_settings.cache_clear()
 
 
 @pytest.mark.slow
-def test_worker_tunes_a_job_and_hands_the_next_back_on_sigterm(sqlite_template, tmp_path, monkeypatch):
+def test_worker_tunes_a_job_and_hands_the_next_back_on_sigterm(sqlite_template, tmp_path, cache_dir):
     from autotuner.tune import service_worker
 
     shutil.copyfile(sqlite_template, tmp_path / "service.db")
@@ -68,12 +67,11 @@ def test_worker_tunes_a_job_and_hands_the_next_back_on_sigterm(sqlite_template, 
         large = enqueue(problem(1024, 512, 256, x=2), {"trials": 40, "reps": 500}, priority=0)
         # an earlier worker's upload that the service never got (it was down): sent before any claim
         left = problem(512, 128, 64, x=2)
-        service_worker.keep(_outbox(url, tmp_path / "cache", monkeypatch), "earlier-run",
+        service_worker.keep(service_worker.outbox(url), "earlier-run",
                             {"device": DEVICE, "problem": left, "measurements": [
                                 dict(m, run_id="earlier") for m in measurements()]})
         env = {k: v for k, v in os.environ.items() if not k.startswith("XLA_")}
-        env.update(AUTOTUNER_WORKER_TOKEN=WRITE_TOKEN, AUTOTUNER_CACHE_DIR=str(tmp_path / "cache"),
-                   JAX_PLATFORMS="cpu")
+        env.update(AUTOTUNER_WORKER_TOKEN=WRITE_TOKEN, JAX_PLATFORMS="cpu")   # the cache: cache_dir's
         proc = subprocess.Popen([sys.executable, "-m", "autotuner.cli", "worker", "--service", url,
                                  "--target", "inproc:2", "--once", "--lease", "3600"],
                                 env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -91,7 +89,7 @@ def test_worker_tunes_a_job_and_hands_the_next_back_on_sigterm(sqlite_template, 
         assert proc.returncode == 128 + signal.SIGTERM, out
         assert out.index("uploaded 2 measurement(s) an earlier run kept (earlier-run.json; 0 the service had)") \
             < out.index(f"job {small}: uploaded"), out
-        assert not list(_outbox(url, tmp_path / "cache", monkeypatch).iterdir())
+        assert not list(service_worker.outbox(url).iterdir())
         assert f"stopped by SIGTERM after 1 job(s); job {large}: handed back to the queue" in out, out
         assert "Traceback" not in out, out
         back = job(large)
@@ -134,47 +132,41 @@ def test_a_request_waits_for_a_service_that_is_starting_and_gives_up_after_its_t
 
 
 @pytest.mark.slow
-def test_a_lookup_that_missed_is_tuned_by_a_worker_from_demand(sqlite_template, tmp_path, monkeypatch):
+def test_a_lookup_that_missed_is_tuned_by_a_worker_from_demand(sqlite_template, tmp_path, cache_dir):
     """The loop the service exists for: a lookup misses (default answer), the miss is counted as
     demand, a worker with --from-demand queues it, tunes it on its devices and uploads, and the
     same lookup is answered tuned; the pair is queued from demand once."""
     from autotuner.measure.targets import Target, TargetSession
-    from autotuner.settings import get_settings
     from autotuner.tune import service_worker
 
     shutil.copyfile(sqlite_template, tmp_path / "service.db")
-    monkeypatch.setenv("AUTOTUNER_CACHE_DIR", str(tmp_path / "cache"))
-    get_settings.cache_clear()
-    try:
-        with live_server(f"sqlite:///{tmp_path / 'service.db'}", env={"AUTOTUNER_WRITE_TOKENS": WRITE_TOKEN}) as url, \
-                httpx.Client(base_url=url, trust_env=False, timeout=10) as h, \
-                TargetSession(Target.parse("inproc:8")) as ts:   # this process's 8 CPU devices
-            body = {"device": ts.device.to_dict(), "problem": problem(256, 128, 64)}
-            assert h.post("/v1/lookup", json=body).json()["source"] == "default"
-            deadline = time.monotonic() + 10   # the miss reaches the demand table within 0.5 s
-            while not h.get("/v1/demand").json()["items"]:
-                assert time.monotonic() < deadline, "the miss was not counted"
-                time.sleep(0.1)
-            said: list[str] = []
-            assert service_worker.work(ts, url, WRITE_TOKEN, once=True, trials=2, reps=3, from_demand=5,
-                                       say=said.append) == 1
-            assert said[0] == "queued 1 job(s) for problems lookups missed on this device", said
-            assert h.post("/v1/lookup", json=body).json()["source"] == "tuned"
-            assert service_worker.work(ts, url, WRITE_TOKEN, once=True, from_demand=5, say=said.append) == 0
-            assert [j["status"] for j in h.get("/v1/jobs").json()["items"]] == ["done"]
+    with live_server(f"sqlite:///{tmp_path / 'service.db'}", env={"AUTOTUNER_WRITE_TOKENS": WRITE_TOKEN}) as url, \
+            httpx.Client(base_url=url, trust_env=False, timeout=10) as h, \
+            TargetSession(Target.parse("inproc:8")) as ts:   # this process's 8 CPU devices
+        body = {"device": ts.device.to_dict(), "problem": problem(256, 128, 64)}
+        assert h.post("/v1/lookup", json=body).json()["source"] == "default"
+        deadline = time.monotonic() + 10   # the miss reaches the demand table within 0.5 s
+        while not h.get("/v1/demand").json()["items"]:
+            assert time.monotonic() < deadline, "the miss was not counted"
+            time.sleep(0.1)
+        said: list[str] = []
+        assert service_worker.work(ts, url, WRITE_TOKEN, once=True, trials=2, reps=3, from_demand=5,
+                                   say=said.append) == 1
+        assert said[0] == "queued 1 job(s) for problems lookups missed on this device", said
+        assert h.post("/v1/lookup", json=body).json()["source"] == "tuned"
+        assert service_worker.work(ts, url, WRITE_TOKEN, once=True, from_demand=5, say=said.append) == 0
+        assert [j["status"] for j in h.get("/v1/jobs").json()["items"]] == ["done"]
 
-            # `autotuner tune --service` (the Kubernetes tune jobs): tunes into its scratch database and
-            # uploads through the same outbox, empty after
-            problems = tmp_path / "problems.json"
-            problems.write_text(json.dumps([problem(128, 64, 64)]))
-            r = CliRunner().invoke(app, ["tune", "--service", url, "--target", "inproc:8", "--problems", str(problems),
-                                         "--trials", "2", "--reps", "3", "--precision", "0", "--json"],
-                                   env={"AUTOTUNER_SERVICE_TOKEN": WRITE_TOKEN})
-            assert r.exit_code == 0, r.output
-            row = json.loads(r.stdout)
-            assert row["uploaded"] >= row["trials"] == 2, row   # the trials and the reference beside them
-            tuned = h.post("/v1/lookup", json={"device": ts.device.to_dict(), "problem": problem(128, 64, 64)}).json()
-            assert tuned["source"] == "tuned"
-            assert not list(service_worker.outbox(url).iterdir())
-    finally:
-        get_settings.cache_clear()
+        # `autotuner tune --service` (the Kubernetes tune jobs): tunes into its scratch database and
+        # uploads through the same outbox, empty after
+        problems = tmp_path / "problems.json"
+        problems.write_text(json.dumps([problem(128, 64, 64)]))
+        r = CliRunner().invoke(app, ["tune", "--service", url, "--target", "inproc:8", "--problems", str(problems),
+                                     "--trials", "2", "--reps", "3", "--precision", "0", "--json"],
+                               env={"AUTOTUNER_SERVICE_TOKEN": WRITE_TOKEN})
+        assert r.exit_code == 0, r.output
+        row = json.loads(r.stdout)
+        assert row["uploaded"] >= row["trials"] == 2, row   # the trials and the reference beside them
+        tuned = h.post("/v1/lookup", json={"device": ts.device.to_dict(), "problem": problem(128, 64, 64)}).json()
+        assert tuned["source"] == "tuned"
+        assert not list(service_worker.outbox(url).iterdir())
