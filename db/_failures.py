@@ -8,7 +8,7 @@ from typing import Any
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from db._common import check_values, now_utc, text_field
+from db._common import check_values, named_lock, now_utc, text_field
 from db._convert import failure_record
 from db.errors import NotFoundError
 from db.fields import fields_of
@@ -30,6 +30,7 @@ def record_failure(s: Session, device_id: int, problem_id: int, *, created_at: d
         raise NotFoundError(f"device {device_id} does not exist")
     if problem is None:
         raise NotFoundError(f"problem {problem_id} does not exist")
+    named_lock(s, f"failure:{device_id}:{problem_id}")   # two writers at once: the second replaces the first's
     s.execute(delete(Failure).where(Failure.device_id == device_id, Failure.problem_id == problem_id))
     row = Failure(device_id=device_id, problem_id=problem_id, **values, created_at=now_utc(created_at))
     s.add(row)

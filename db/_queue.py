@@ -14,6 +14,7 @@ from db._common import (
     check_values,
     dialect,
     insert,
+    named_lock,
     now_utc,
     seconds,
     text_field,
@@ -363,6 +364,9 @@ def enqueue_demand(
         raise ValueError(f"limit must be an integer from 1 to 1000, not {limit!r}")
     if isinstance(min_count, bool) or not isinstance(min_count, int) or min_count < 1:
         raise ValueError(f"min_count must be a positive integer, not {min_count!r}")
+    # two workers asking at once (a pool's replicas, idle together) must not both read "no job"
+    # and queue the same pairs: the second waits for the first's transaction, then sees its jobs
+    named_lock(s, f"demand-jobs:{device_key}")
     had_job = (
         select(TuningJob.id)
         .where(TuningJob.device_key == Demand.device_key, TuningJob.problem_key == Demand.problem_key)

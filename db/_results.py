@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from autotuner.rule import MEASUREMENT_SOURCES, reference_method
 from db._changes import note_change
-from db._common import check_value, check_values, dialect, insert, utcnow
+from db._common import check_value, check_values, dialect, insert, named_lock, utcnow
 from db._convert import measurement_record, winner_record
 from db.apply_rule import choose_winner
 from db.errors import NotFoundError
@@ -71,6 +71,9 @@ def _replayed(s: Session, device_id: int, problem_id: int, rows: list[Measuremen
     runs = {r.run_id for r in rows if r.run_id is not None}
     if not runs:
         return [False] * len(rows)
+    # a replay sent while the first upload is still being stored (its answer timed out) waits for
+    # that transaction, then reads what it stored
+    named_lock(s, f"measurements:{device_id}:{problem_id}")
     m = Measurement
     stored = {_identity(*t) for t in s.execute(
         select(m.run_id, m.strategy_key, m.status, m.reason, m.samples)

@@ -9,7 +9,7 @@ from sqlalchemy import text
 from db import Database, NotFoundError, current_revision, downgrade, make_engine, upgrade
 from db import repository as repo
 
-from .test_repository import add_device, add_problem
+from .test_repository import _beside, add_device, add_problem
 
 
 def test_record_list_and_clear_a_failure(database: Database) -> None:
@@ -30,6 +30,18 @@ def test_record_list_and_clear_a_failure(database: Database) -> None:
         assert repo.clear_failure(s, dev.id, prob.id) is False
     with database.session(read_only=True) as s:
         assert [f.problem_key for f in repo.list_failures(s, "dev-a")] == ["prob-b"]
+
+
+def test_two_failures_of_one_pair_at_once_leave_one(database: Database) -> None:
+    """Two uploads say the same pair failed at the same moment: the later replaces the earlier
+    (on PostgreSQL both deleted nothing and the second insert broke the pair's unique constraint)."""
+    with database.session() as s:
+        dev, prob = add_device(s), add_problem(s)
+    first, second = _beside(database, lambda s: repo.record_failure(s, dev.id, prob.id, error="one").error,
+                            lambda s: repo.record_failure(s, dev.id, prob.id, error="two").error)
+    assert (first, second) == ("two", "one")
+    with database.session(read_only=True) as s:
+        assert [f.error for f in repo.list_failures(s)] == ["two"]
 
 
 def test_a_failure_needs_an_error_and_existing_rows(database: Database) -> None:

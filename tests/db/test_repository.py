@@ -8,6 +8,7 @@ import math
 import multiprocessing
 import queue
 import random
+import threading
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
@@ -55,6 +56,29 @@ def add_device(s: Any, key: str = "dev-a", **overrides: Any) -> DeviceRecord:
     }
     fields.update(overrides)
     return repo.upsert_device(s, **fields)
+
+
+def _beside(database: Database, first: Any, second: Any) -> tuple[Any, Any]:
+    """(what `second` returned, what `first` returned): `first` runs in a transaction that stays
+    open while `second` starts in another one (a thread); `first`'s then commits. Whatever must
+    not happen twice across them has to wait for the first transaction or see what it wrote."""
+    got: dict[str, Any] = {}
+
+    def other() -> None:
+        try:
+            with database.session() as s:
+                got["second"] = second(s)
+        except Exception as exc:  # noqa: BLE001 - reported by the assert below
+            got["error"] = exc
+
+    with database.session() as s:
+        got["first"] = first(s)
+        t = threading.Thread(target=other)
+        t.start()
+        t.join(timeout=0.5)   # long enough for `second` to finish if nothing makes it wait
+    t.join(timeout=60)
+    assert not t.is_alive() and "error" not in got, got
+    return got["second"], got["first"]
 
 
 def add_problem(
@@ -714,6 +738,36 @@ class TestRepositoryContract:
                     repo.enqueue_demand(s, "d", limit=bad)  # type: ignore[arg-type]
             with pytest.raises(ValueError, match="min_count"):
                 repo.enqueue_demand(s, "d", min_count=0)
+
+    def test_demand_queued_from_two_places_at_once_is_queued_once(self, database: Database) -> None:
+        """Two idle workers ask for demand at the same moment (a worker pool's replicas): each pair
+        is queued by one of them. The second transaction starts while the first, which queued
+        both pairs, is still open (on PostgreSQL it read no job before the fix and queued both again)."""
+        with database.session() as s:
+            for key in ("p1", "p2"):
+                repo.record_miss(s, "d", {"platform": "cpu"}, key, {"k": key}, now=T0)
+        second = _beside(database, lambda s: [j.problem_key for j in repo.enqueue_demand(s, "d")],
+                         lambda s: [j.problem_key for j in repo.enqueue_demand(s, "d")])
+        assert second == ([], ["p1", "p2"])
+        with database.session(read_only=True) as s:
+            assert sorted(j.problem_key for j in repo.list_jobs(s).items) == ["p1", "p2"]
+
+    def test_an_upload_replayed_while_the_first_is_stored_is_stored_once(self, database: Database) -> None:
+        """A worker's request timed out while the service was still storing it, and the worker sent
+        it again: the replay's transaction starts before the first one commits."""
+        with database.session() as s:
+            dev, prob = add_device(s, "d"), add_problem(s, "p")
+        items = [{"strategy": {"method": "baseline"}, "strategy_key": "baseline", "status": "ok",
+                  "median_s": 1.0, "samples": [1.0, 1.1], "run_id": "r1"}]
+
+        def store(s: Any) -> int:
+            stored = repo.record_measurements(s, dev.id, prob.id, items)
+            repo.recompute_winner(s, dev.id, prob.id)
+            return len(stored)
+
+        assert _beside(database, store, store) == (0, 1)
+        with database.session(read_only=True) as s:
+            assert len(repo.list_measurements(s, prob.id, dev.id)) == 1
 
     def test_demand_counts_misses(self, database: Database) -> None:
         with database.session() as s:
