@@ -153,6 +153,32 @@ def claim_job(
     return None
 
 
+def fail_abandoned(s: Session, max_attempts: int, now: datetime | None = None, *,
+                   device_key: str | None = None) -> list[JobRecord]:
+    """Fail every running job (of ``device_key``, if given) whose lease ran out after its
+    ``max_attempts``-th claim: each worker that held it died, was killed or hung (a problem that
+    kills its process, e.g. out of memory, would otherwise take down one worker per lease,
+    forever). Returns them. Jobs a worker handed back (:func:`release_job`) are not counted."""
+    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
+        raise ValueError(f"max_attempts must be a positive integer, not {max_attempts!r}")
+    ts = now_utc(now)
+    cond = and_(TuningJob.status == "running", TuningJob.lease_expires_at < ts,
+                TuningJob.attempts >= max_attempts)
+    if device_key is not None:
+        cond = and_(cond, TuningJob.device_key == device_key)
+    failed = []
+    for job_id, attempts in s.execute(select(TuningJob.id, TuningJob.attempts).where(cond).order_by(TuningJob.id)).all():
+        held = "its worker's lease" if attempts == 1 else f"claimed {attempts} times, and each worker's lease"
+        error = (f"abandoned: {held} ran out before it finished (the worker died, was killed, e.g. for "
+                 "memory, or hung); queue it again once the cause is fixed")
+        done = s.execute(update(TuningJob).where(TuningJob.id == job_id, cond)
+                         .values(status="failed", lease_expires_at=None, updated_at=ts, error=error)
+                         .execution_options(synchronize_session=False))
+        if done.rowcount == 1:  # type: ignore[attr-defined]
+            failed.append(_get_job_row(s, job_id))
+    return failed
+
+
 def _get_job_row(s: Session, job_id: int) -> JobRecord:
     row = s.execute(
         select(TuningJob).where(TuningJob.id == job_id).execution_options(populate_existing=True)

@@ -253,7 +253,10 @@ class ClaimRequest(BaseModel):
     worker: Text = _Text
     lease_seconds: float | None = Field(default=None, gt=0, le=86_400)
     device_key: Text | None = Field(default=None, min_length=1, max_length=128)
-    max_attempts: int | None = Field(default=None, ge=1, le=1_000_000)
+    max_attempts: int | None = Field(
+        default=None, ge=1, le=1_000_000,
+        description="claim only jobs claimed fewer times; a running job whose lease ran out after this many "
+                    "claims (its workers died or hung each time) is failed, and listed in `abandoned`")
 
 
 class HeartbeatRequest(BaseModel):
@@ -289,10 +292,12 @@ JobOut = record_out(JobRecord)
 
 
 class ClaimResponse(BaseModel):
-    """``job`` is null when nothing is claimable."""
+    """``job`` is null when nothing is claimable. ``abandoned``: the jobs this claim failed,
+    with ``max_attempts``, because their lease ran out after their last allowed claim."""
 
     model_config = _OUT
     job: JobOut | None
+    abandoned: list[JobOut] = []
 
 
 class JobList(BaseModel):

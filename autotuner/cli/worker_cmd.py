@@ -27,11 +27,18 @@ def worker(
     from_demand: Annotated[int, typer.Option(min=0, max=1000, help="when the queue is empty, queue jobs for up to "
                                              "N problems that lookups missed on this device and that have no "
                                              "winner (GET /v1/demand)")] = 0,
+    max_attempts: Annotated[int, typer.Option(min=1, help="claim a job at most this many times: one whose "
+                                              "lease ran out after its last claim (each worker died on it, "
+                                              "e.g. killed for memory, or hung) is failed")] = 3,
 ) -> None:
     """Claim tuning jobs for this target's device from the service, tune them, upload results.
 
     With --from-demand N, a queue with nothing for this device is filled from what lookups missed
     on it (each problem once: one whose job failed is not queued again on its own).
+
+    A job whose worker dies on it (a problem that kills its process) returns to the queue when
+    its lease runs out; after --max-attempts claims it is failed instead, so it cannot take down
+    one worker per lease forever.
 
     Stopped by SIGTERM (docker stop, a pod deleted) or Ctrl-C, the worker hands the job it holds
     back to the queue at once and exits 128 + the signal's number (143, 130); killed outright,
@@ -56,7 +63,7 @@ def worker(
         with TargetSession(tgt, log=say) as ts:
             err.print(f"worker on {ts.device.label} ({ts.device.key[:8]}), service {service}", highlight=False)
             n = work(ts, service, token, once=once, poll_s=poll, lease_s=lease, trials=trials, reps=reps,
-                     from_demand=from_demand, say=say)
+                     from_demand=from_demand, max_attempts=max_attempts, say=say)
     except Stopped as e:   # SIGTERM (docker stop, a pod deleted) or Ctrl-C: the held job handed back
         err.print(str(e) + pending_note(service), highlight=False, style="bold red")
         raise typer.Exit(128 + e.signum) from None

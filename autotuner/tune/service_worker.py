@@ -300,10 +300,11 @@ def _tune_job(ts: Any, http: httpx.Client, service: str, database: Any, job: dic
 
 def work(ts: Any, service: str, token: str, *, once: bool = False, poll_s: float = 10.0,
          lease_s: float = 300.0, trials: int = 24, seconds: float | None = None, reps: int = 7,
-         from_demand: int = 0, say: Any = print) -> int:
+         from_demand: int = 0, max_attempts: int | None = 3, say: Any = print) -> int:
     """Claim and tune jobs for this target's device until none is left (once) or forever; with
     ``from_demand`` N, an empty queue is filled with jobs for up to N problems lookups missed on
-    this device (`POST /v1/jobs/from-demand`).
+    this device (`POST /v1/jobs/from-demand`). A job is claimed at most ``max_attempts`` times: the
+    service fails one whose lease ran out after its last claim (None: no limit).
     Returns the number of jobs finished; raises :class:`Stopped` on SIGINT/SIGTERM, after
     handing the job it holds back to the queue. A service unreachable for longer than a lease
     raises httpx's error (what was measured stays in :func:`outbox`)."""
@@ -313,23 +314,29 @@ def work(ts: Any, service: str, token: str, *, once: bool = False, poll_s: float
     database = Database(scratch_db_url(service))
     database.upgrade()
     defaults = {"trials": trials, "seconds": seconds, "reps": reps}
-    claim = {"worker": worker, "lease_seconds": lease_s, "device_key": ts.device.key}
+    claim = {"worker": worker, "lease_seconds": lease_s, "device_key": ts.device.key, "max_attempts": max_attempts}
     done, held = 0, None
 
     def post(path: str, body: dict[str, Any], what: str) -> Any:
         return call(http, path, body, what, time.monotonic() + lease_s)
 
+    def claimed() -> Any:
+        got = post("/v1/jobs/claim", claim, "claiming a job")
+        for j in got.get("abandoned") or ():
+            say(f"job {j['id']}: failed: {j['error']}")
+        return got["job"]
+
     with http_client(service, token) as http, _term_interrupts() as signals:
         try:
             while True:
                 send_pending(http, outbox(service), time.monotonic() + lease_s, say)
-                job = post("/v1/jobs/claim", claim, "claiming a job")["job"]
+                job = claimed()
                 if job is None and from_demand:
                     new = post("/v1/jobs/from-demand", {"device_key": ts.device.key, "limit": from_demand},
                                "queueing what lookups missed")["items"]
                     if new:
                         say(f"queued {len(new)} job(s) for problems lookups missed on this device")
-                        job = post("/v1/jobs/claim", claim, "claiming a job")["job"]
+                        job = claimed()
                 if job is None:
                     if once:
                         return done

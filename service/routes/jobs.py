@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Path
@@ -31,6 +32,8 @@ from service.schemas import (
     JobRequest,
     ReleaseRequest,
 )
+
+log = logging.getLogger("service")
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -67,11 +70,17 @@ def list_jobs(
 def claim(_: WriteAuth, req: ClaimRequest, s: SessionDep, state: StateDep) -> ClaimResponse:
     """Claim the next job (highest priority, oldest; queued, or running with an expired lease)
     under a lease of `lease_seconds` (default `AUTOTUNER_LEASE_SECONDS`). `job` is null when
-    there is nothing to claim."""
+    there is nothing to claim. With `max_attempts`, only jobs claimed fewer times are claimed,
+    and running jobs whose lease ran out after that many claims are failed first (`abandoned`)."""
     lease = req.lease_seconds or state.settings.lease_seconds
+    abandoned = ([] if req.max_attempts is None
+                 else repo.fail_abandoned(s, req.max_attempts, device_key=req.device_key))
+    for j in abandoned:
+        log.warning("job %d failed: %s", j.id, j.error)
     job = repo.claim_job(s, req.worker, lease, device_key=req.device_key,
                          max_attempts=req.max_attempts)
-    return ClaimResponse(job=JobOut.of(job) if job is not None else None)
+    return ClaimResponse(job=JobOut.of(job) if job is not None else None,
+                         abandoned=[JobOut.of(j) for j in abandoned])
 
 
 @router.post("/from-demand", response_model=JobList, responses=responses(*WRITE))

@@ -709,6 +709,29 @@ class TestRepositoryContract:
             with pytest.raises(LeaseError):   # a finished job stays finished
                 repo.release_job(s, done.id, "w-b")
 
+    def test_a_job_its_workers_died_on_is_failed_after_its_last_claim(self, database: Database) -> None:
+        with database.session() as s:
+            job = repo.enqueue_job(s, problem_key="p", problem={}, device_key="d", device={}, now=T0)
+            other = repo.enqueue_job(s, problem_key="p", problem={}, device_key="e", device={}, now=T0)
+            # both claimed by workers that die: no heartbeat, no finish
+            assert repo.claim_job(s, "w-a", 60, now=T0, device_key="d")
+            assert repo.claim_job(s, "w-b", 60, now=T0, device_key="e")
+            assert repo.fail_abandoned(s, 2, now=T0 + timedelta(seconds=100)) == []   # one claim each so far
+            again = repo.claim_job(s, "w-c", 60, now=T0 + timedelta(seconds=100), device_key="d", max_attempts=2)
+            assert again is not None and (again.id, again.attempts) == (job.id, 2)
+            assert repo.fail_abandoned(s, 2, now=T0 + timedelta(seconds=150)) == []   # its lease holds
+            gone = repo.fail_abandoned(s, 2, now=T0 + timedelta(seconds=200), device_key="d")
+            assert [(j.id, j.status, j.lease_expires_at) for j in gone] == [(job.id, "failed", None)]
+            assert gone[0].error is not None and gone[0].error.startswith(
+                "abandoned: claimed 2 times, and each worker's lease ran out before it finished")
+            assert repo.claim_job(s, "w-d", 60, now=T0 + timedelta(seconds=200), device_key="d", max_attempts=2) is None
+            # the other device's job was not asked about; a handed-back claim is not counted
+            assert repo.get_job(s, other.id).status == "running"  # type: ignore[union-attr]
+            repo.release_job(s, other.id, "w-b", now=T0 + timedelta(seconds=10))
+            assert repo.fail_abandoned(s, 1, now=T0 + timedelta(days=1)) == []
+            with pytest.raises(ValueError, match="max_attempts"):
+                repo.fail_abandoned(s, 0)
+
     def test_demand_becomes_jobs_once(self, database: Database) -> None:
         with database.session() as s:
             for key, n in (("p1", 5), ("p2", 3), ("p3", 1), ("p4", 9), ("p5", 2)):

@@ -479,7 +479,8 @@ def test_jobs_lifecycle(client):
     assert claimed["worker"] == "w1" and claimed["attempts"] == 1 and claimed["lease_expires_at"]
     second = client.post("/v1/jobs/claim", json={"worker": "w2"}, headers=WRITE_HEADERS).json()["job"]
     assert second["id"] == other["id"]
-    assert client.post("/v1/jobs/claim", json={"worker": "w3"}, headers=WRITE_HEADERS).json() == {"job": None}
+    assert client.post("/v1/jobs/claim", json={"worker": "w3"}, headers=WRITE_HEADERS).json() == {
+        "job": None, "abandoned": []}
 
     beat = client.post(f"/v1/jobs/{job['id']}/heartbeat", json={"worker": "w1", "lease_seconds": 600},
                        headers=WRITE_HEADERS).json()
@@ -548,19 +549,23 @@ def test_job_lease_expiry_and_reclaim(client):
     assert first["id"] == job["id"]
     assert client.post("/v1/jobs/claim", json={"worker": "w2"}, headers=WRITE_HEADERS).json()["job"] is None
     time.sleep(1.6)
-    again = client.post("/v1/jobs/claim", json={"worker": "w2", "device_key": DEVICE_KEY},
+    again = client.post("/v1/jobs/claim", json={"worker": "w2", "device_key": DEVICE_KEY, "lease_seconds": 0.3},
                         headers=WRITE_HEADERS).json()["job"]
     assert again["id"] == job["id"] and again["worker"] == "w2" and again["attempts"] == 2
     r = client.post(f"/v1/jobs/{job['id']}/heartbeat", json={"worker": "dead"}, headers=WRITE_HEADERS)
     assert r.status_code == 409
     r = client.post(f"/v1/jobs/{job['id']}/finish", json={"worker": "dead", "status": "done"}, headers=WRITE_HEADERS)
     assert r.status_code == 409
-    # max_attempts: a job claimed twice is not handed out a third time
-    time.sleep(0.01)
-    assert client.post("/v1/jobs/claim", json={"worker": "w3", "max_attempts": 2},
-                       headers=WRITE_HEADERS).json()["job"] is None
+    # max_attempts: a job claimed twice is not handed out a third time; once its second lease has
+    # run out too (w2 died as well), it is failed, and the claim says so
+    time.sleep(0.35)
+    got = client.post("/v1/jobs/claim", json={"worker": "w3", "max_attempts": 2}, headers=WRITE_HEADERS).json()
+    assert got["job"] is None and [(j["id"], j["status"]) for j in got["abandoned"]] == [(job["id"], "failed")]
+    assert got["abandoned"][0]["error"].startswith("abandoned: claimed 2 times, and each worker's lease ran out")
     assert client.post(f"/v1/jobs/{job['id']}/finish", json={"worker": "w2", "status": "done"},
-                       headers=WRITE_HEADERS).status_code == 200
+                       headers=WRITE_HEADERS).status_code == 409
+    assert client.post("/v1/jobs/claim", json={"worker": "w3", "max_attempts": 2},
+                       headers=WRITE_HEADERS).json() == {"job": None, "abandoned": []}
 
 
 # -- snapshot --------------------------------------------------------------------------------------

@@ -123,7 +123,7 @@ def test_a_request_waits_for_a_service_that_is_starting_and_gives_up_after_its_t
         thread.start()   # the server's process cannot listen yet when the first try comes
         try:
             got = service_worker.call(h, "/v1/jobs/claim", {"worker": "w"}, "claiming a job", time.monotonic() + 120)
-            assert got == {"job": None}
+            assert got == {"job": None, "abandoned": []}
             assert "Connection refused; trying again in 1 s" in caplog.text
         finally:
             thread.join()
@@ -156,6 +156,18 @@ def test_a_lookup_that_missed_is_tuned_by_a_worker_from_demand(sqlite_template, 
         assert h.post("/v1/lookup", json=body).json()["source"] == "tuned"
         assert service_worker.work(ts, url, WRITE_TOKEN, once=True, from_demand=5, say=said.append) == 0
         assert [j["status"] for j in h.get("/v1/jobs").json()["items"]] == ["done"]
+
+        # a job its worker died on (claimed, never finished, its lease ran out): with one claim
+        # allowed, the next worker fails it and says so instead of claiming it (and dying) again
+        dead = {"device": ts.device.to_dict(), "problem": problem(64, 64, 64)}
+        job = h.post("/v1/jobs", json=dead, headers=WRITE_HEADERS).json()
+        assert h.post("/v1/jobs/claim", json={"worker": "dead:1", "lease_seconds": 0.2}, headers=WRITE_HEADERS).json()["job"]
+        time.sleep(0.3)
+        said.clear()
+        assert service_worker.work(ts, url, WRITE_TOKEN, once=True, max_attempts=1, say=said.append) == 0
+        assert said == [f"job {job['id']}: failed: abandoned: its worker's lease ran out before it finished (the "
+                        "worker died, was killed, e.g. for memory, or hung); queue it again once the cause is fixed"]
+        assert h.get(f"/v1/jobs/{job['id']}").json()["status"] == "failed"
 
         # `autotuner tune --service` (the Kubernetes tune jobs): tunes into its scratch database and
         # uploads through the same outbox, empty after
