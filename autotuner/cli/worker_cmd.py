@@ -30,6 +30,9 @@ def worker(
     max_attempts: Annotated[int, typer.Option(min=1, help="claim a job at most this many times: one whose "
                                               "lease ran out after its last claim (each worker died on it, "
                                               "e.g. killed for memory, or hung) is failed")] = 3,
+    job_timeout: Annotated[float, typer.Option(min=0, help="seconds a job may run (or twice its own search "
+                                             "time, if longer); past it the job is failed and the worker exits "
+                                             "with code 124 for its supervisor to restart (0: no limit)")] = 3600.0,
 ) -> None:
     """Claim tuning jobs for this target's device from the service, tune them, upload results.
 
@@ -38,7 +41,9 @@ def worker(
 
     A job whose worker dies on it (a problem that kills its process) returns to the queue when
     its lease runs out; after --max-attempts claims it is failed instead, so it cannot take down
-    one worker per lease forever.
+    one worker per lease forever. A job still running after --job-timeout (a collective that never
+    completes, a device that hangs) is failed, and the worker exits with code 124: nothing else
+    can stop a measurement that does not return.
 
     Stopped by SIGTERM (docker stop, a pod deleted) or Ctrl-C, the worker hands the job it holds
     back to the queue at once and exits 128 + the signal's number (143, 130); killed outright,
@@ -63,7 +68,8 @@ def worker(
         with TargetSession(tgt, log=say) as ts:
             err.print(f"worker on {ts.device.label} ({ts.device.key[:8]}), service {service}", highlight=False)
             n = work(ts, service, token, once=once, poll_s=poll, lease_s=lease, trials=trials, reps=reps,
-                     from_demand=from_demand, max_attempts=max_attempts, say=say)
+                     from_demand=from_demand, max_attempts=max_attempts,
+                     job_timeout_s=job_timeout or None, say=say)
     except Stopped as e:   # SIGTERM (docker stop, a pod deleted) or Ctrl-C: the held job handed back
         err.print(str(e) + pending_note(service), highlight=False, style="bold red")
         raise typer.Exit(128 + e.signum) from None

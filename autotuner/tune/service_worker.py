@@ -23,6 +23,7 @@ import logging
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -140,6 +141,7 @@ def send_run(http: httpx.Client, service: str, database: Any, device: Device, pr
 
 
 BAD_BODY = (400, 413, 422)
+JOB_TIMEOUT_EXIT = 124   # a job ran past the worker's --job-timeout: failed, and the process ends
 
 
 def send_kept(http: httpx.Client, path: Path, until: float) -> dict[str, Any]:
@@ -196,21 +198,45 @@ def http_client(service: str, token: str | None, timeout: float = 30.0) -> httpx
 
 
 class _Heartbeat:
-    """Renews a job's lease every third of it until stopped."""
+    """Renews a job's lease every third of it until stopped. Past ``deadline_s`` (None: never) it
+    fails the job and ends the process (`JOB_TIMEOUT_EXIT`): a measurement that does not return (a
+    collective that never completes, a device that hangs) cannot be stopped from Python, and the
+    renewed lease would otherwise hold the job, and the worker's devices, for ever."""
 
-    def __init__(self, http: httpx.Client, job_id: int, worker: str, lease_s: float):
+    def __init__(self, http: httpx.Client, job_id: int, worker: str, lease_s: float,
+                 deadline_s: float | None = None, say: Any = print):
         self.http, self.job_id, self.worker, self.lease_s = http, job_id, worker, lease_s
+        self.deadline_s, self.say = deadline_s, say
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        while not self.stop.wait(self.lease_s / 3):
+        end = None if self.deadline_s is None else time.monotonic() + self.deadline_s
+        while not self.stop.wait(self.lease_s / 3 if end is None
+                                 else max(0.0, min(self.lease_s / 3, end - time.monotonic()))):
+            if end is not None and time.monotonic() >= end:
+                self._give_up()
             try:
                 _check(self.http.post(f"/v1/jobs/{self.job_id}/heartbeat",
                                       json={"worker": self.worker, "lease_seconds": self.lease_s}),
                        "heartbeat")
             except (httpx.HTTPError, ServiceError) as e:
                 log.warning("job %s: heartbeat failed: %s", self.job_id, e)
+
+    def _give_up(self) -> None:
+        error = (f"no result after {self.deadline_s:g} s (the worker's --job-timeout): a measurement that "
+                 "does not return cannot be stopped, so the worker failed the job and exited")
+        try:
+            _check(self.http.post(f"/v1/jobs/{self.job_id}/finish", timeout=10.0,
+                                  json={"worker": self.worker, "status": "failed", "error": error}),
+                   "failing the job")
+            outcome = error
+        except (httpx.HTTPError, ServiceError) as e:
+            outcome = f"{error}; the service was not told ({e}): the job returns to the queue when its lease runs out"
+        self.say(f"job {self.job_id}: failed: {outcome}")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(JOB_TIMEOUT_EXIT)
 
     def __enter__(self) -> _Heartbeat:
         self.thread.start()
@@ -267,8 +293,17 @@ def release(http: httpx.Client, job_id: int, worker: str) -> str:
         return f"not handed back ({why}); it returns to the queue when its lease expires"
 
 
+def job_deadline(job_timeout_s: float | None, seconds: float | None) -> float | None:
+    """How long a job may run: ``job_timeout_s`` (None or 0: no limit), or twice its own search
+    time budget (``seconds``) where that is longer."""
+    if not job_timeout_s:
+        return None
+    return max(float(job_timeout_s), 2.0 * float(seconds or 0))
+
+
 def _tune_job(ts: Any, http: httpx.Client, service: str, database: Any, job: dict[str, Any], worker: str,
-              lease_s: float, defaults: dict[str, Any], say: Any) -> tuple[str, str | None]:
+              lease_s: float, defaults: dict[str, Any], say: Any,
+              job_timeout_s: float | None = None) -> tuple[str, str | None]:
     """Tune one claimed job under a renewed lease and upload it through the outbox; returns the
     job's final (status, error). A service gone for longer than a lease raises (the upload stays
     kept); anything else fails the job alone."""
@@ -282,7 +317,8 @@ def _tune_job(ts: Any, http: httpx.Client, service: str, database: Any, job: dic
     try:
         ts.check(problem)
         run_id = uuid.uuid4().hex[:12]
-        with _Heartbeat(http, job["id"], worker, lease_s):
+        deadline = job_deadline(job_timeout_s, params["seconds"])
+        with _Heartbeat(http, job["id"], worker, lease_s, deadline, say):
             tune_problem(ts, database, problem, trials=int(params["trials"]), seconds=params["seconds"],
                          reps=int(params["reps"]), run_id=run_id, name=f"job {job['id']}")
             res = send_run(http, service, database, ts.device, problem, run_id, time.monotonic() + lease_s)
@@ -300,11 +336,14 @@ def _tune_job(ts: Any, http: httpx.Client, service: str, database: Any, job: dic
 
 def work(ts: Any, service: str, token: str, *, once: bool = False, poll_s: float = 10.0,
          lease_s: float = 300.0, trials: int = 24, seconds: float | None = None, reps: int = 7,
-         from_demand: int = 0, max_attempts: int | None = 3, say: Any = print) -> int:
+         from_demand: int = 0, max_attempts: int | None = 3, job_timeout_s: float | None = None,
+         say: Any = print) -> int:
     """Claim and tune jobs for this target's device until none is left (once) or forever; with
     ``from_demand`` N, an empty queue is filled with jobs for up to N problems lookups missed on
     this device (`POST /v1/jobs/from-demand`). A job is claimed at most ``max_attempts`` times: the
-    service fails one whose lease ran out after its last claim (None: no limit).
+    service fails one whose lease ran out after its last claim (None: no limit). A job still
+    running after ``job_timeout_s`` (`job_deadline`) is failed and the process exits
+    (`JOB_TIMEOUT_EXIT`).
     Returns the number of jobs finished; raises :class:`Stopped` on SIGINT/SIGTERM, after
     handing the job it holds back to the queue. A service unreachable for longer than a lease
     raises httpx's error (what was measured stays in :func:`outbox`)."""
@@ -343,7 +382,8 @@ def work(ts: Any, service: str, token: str, *, once: bool = False, poll_s: float
                     time.sleep(poll_s)
                     continue
                 held = job["id"]
-                status, error = _tune_job(ts, http, service, database, job, worker, lease_s, defaults, say)
+                status, error = _tune_job(ts, http, service, database, job, worker, lease_s, defaults, say,
+                                          job_timeout_s)
                 try:
                     post(f"/v1/jobs/{held}/finish", {"worker": worker, "status": status, "error": error},
                          "finishing the job")

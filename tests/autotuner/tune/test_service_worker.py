@@ -51,7 +51,7 @@ def cache_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
 
 
 @pytest.mark.slow
-def test_worker_tunes_a_job_and_hands_the_next_back_on_sigterm(sqlite_template, tmp_path, cache_dir):
+def test_worker_tunes_a_job_hands_the_next_back_on_sigterm_and_fails_one_past_its_time(sqlite_template, tmp_path, cache_dir):
     from autotuner.tune import service_worker
 
     shutil.copyfile(sqlite_template, tmp_path / "service.db")
@@ -100,6 +100,17 @@ def test_worker_tunes_a_job_and_hands_the_next_back_on_sigterm(sqlite_template, 
         for p in (problem(256, 128, 64, x=2), left):
             tuned = h.post("/v1/lookup", json={"device": DEVICE, "problem": p}).json()
             assert tuned["source"] == "tuned", tuned
+
+        # the next worker may spend 1 s on a job: the large one runs past that (as a measurement
+        # that never returns would), so it is failed and the worker exits for its supervisor
+        done = subprocess.run([sys.executable, "-m", "autotuner.cli", "worker", "--service", url, "--target",
+                               "inproc:2", "--once", "--lease", "6", "--job-timeout", "1"], env=env, cwd=tmp_path,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+        assert done.returncode == service_worker.JOB_TIMEOUT_EXIT, done.stdout
+        error = ("no result after 1 s (the worker's --job-timeout): a measurement that does not return cannot be "
+                 "stopped, so the worker failed the job and exited")
+        assert f"job {large}: failed: {error}" in " ".join(done.stdout.split()), done.stdout
+        assert (job(large)["status"], job(large)["error"]) == ("failed", error)
 
 
 
