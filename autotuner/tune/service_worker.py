@@ -180,7 +180,11 @@ def send_pending(http: httpx.Client, folder: Path, until: float, say: Any) -> No
 
 
 def run_items(database: Any, device: Device, problem: Problem, run_id: str) -> list[dict[str, Any]]:
-    """This run's measurements of (device, problem) from the scratch database, as upload items."""
+    """This run's measurements of (device, problem) from the scratch database, as upload items,
+    and the newest earlier one of each strategy this run did not measure: the scratch database's
+    study resumes, so a strategy an earlier run on this machine measured is not measured again, and
+    that run may never have reached the service (it crashed before uploading, or the service lost
+    it). One the service has is counted as repeated, not stored twice. None if this run has none."""
     from db import repository as repo
     from db.records import measurement_input
 
@@ -189,7 +193,12 @@ def run_items(database: Any, device: Device, problem: Problem, run_id: str) -> l
         if dev is None or prob is None:
             return []
         ms = repo.list_measurements(s, prob.id, dev.id)
-    return [measurement_input(m) for m in ms if m.run_id == run_id]
+    mine = [m for m in ms if m.run_id == run_id]
+    if not mine:
+        return []
+    keys = {m.strategy_key for m in mine}
+    earlier = {m.strategy_key: m for m in ms if m.run_id != run_id and m.strategy_key not in keys}   # oldest first
+    return [measurement_input(m) for m in [*mine, *earlier.values()]]
 
 
 def http_client(service: str, token: str | None, timeout: float = 30.0) -> httpx.Client:
@@ -329,7 +338,8 @@ def _tune_job(ts: Any, http: httpx.Client, service: str, database: Any, job: dic
         say(f"job {job['id']}: failed: {error}")
         return "failed", error
     w = res.get("winner") or {}
-    say(f"job {job['id']}: uploaded {res['recorded']} measurements; winner "
+    had = f" ({res['repeated']} more the service had)" if res.get("repeated") else ""
+    say(f"job {job['id']}: uploaded {res['recorded']} measurements{had}; winner "
         f"{(w.get('strategy') or {}).get('method', '-')} x{w.get('speedup', float('nan')):.3f}")
     return "done", None
 

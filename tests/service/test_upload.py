@@ -66,6 +66,32 @@ def test_a_runs_measurements_reach_the_service_unchanged(client, sqlite_template
     assert {m.host for m in served} == {"h1"}
 
 
+def test_an_earlier_runs_measurements_the_study_skips_travel_with_the_next_run(client, sqlite_template, tmp_path):
+    """A run that crashed before uploading (run-0) measured the ring; the next run on the same
+    scratch database resumes the study, so it measures the references again but not the ring: its
+    upload carries run-0's ring too, and the service's winner is the ring (it was the baseline,
+    from run-1's items alone). Sent again, nothing is stored twice."""
+    device, prob = Device.from_dict(DEVICE), Problem.from_dict(problem())
+    shutil.copyfile(sqlite_template, tmp_path / "scratch.db")
+    scratch = Database(f"sqlite:///{tmp_path / 'scratch.db'}")
+    base, ring, failed = _candidates()
+    try:
+        store.save(scratch, device, prob, [store.measurement_item(c, run_id="run-0") for c in (base, ring)])
+        store.save(scratch, device, prob, [store.measurement_item(c, run_id="run-1") for c in (base, failed)])
+        uploaded = service_worker.run_items(scratch, device, prob, "run-1")
+        assert service_worker.run_items(scratch, device, prob, "run-2") == []   # a run with nothing of its own
+    finally:
+        scratch.dispose()
+    assert [(m["run_id"], m["strategy_key"]) for m in uploaded] == [
+        ("run-1", "baseline"), ("run-1", failed.key), ("run-0", ring.key)]
+    client.headers.update(WRITE_HEADERS)
+    body = store.results_body(device, prob, uploaded)
+    first = client.post("/v1/results", json=body).json()
+    assert first["recorded"] == 3 and first["winner"]["strategy"] == RING
+    again = client.post("/v1/results", json=body).json()
+    assert (again["recorded"], again["repeated"]) == (0, 3)
+
+
 def test_an_upload_carries_the_problems_readable_name(client):
     """`tune --service` uploads the problem's name (its layer) with the measurements; a later upload
     without one keeps it."""
