@@ -765,7 +765,9 @@ class TestRepositoryContract:
     def test_demand_queued_from_two_places_at_once_is_queued_once(self, database: Database) -> None:
         """Two idle workers ask for demand at the same moment (a worker pool's replicas): each pair
         is queued by one of them. The second transaction starts while the first, which queued
-        both pairs, is still open (on PostgreSQL it read no job before the fix and queued both again)."""
+        both pairs, is still open (on PostgreSQL it read no job before the fix, and the table's one
+        active job per pair handed it the first's two jobs as its own: it said it had queued them,
+        and never went on to the next pairs)."""
         with database.session() as s:
             for key in ("p1", "p2"):
                 repo.record_miss(s, "d", {"platform": "cpu"}, key, {"k": key}, now=T0)
