@@ -170,7 +170,7 @@ def fail_abandoned(s: Session, max_attempts: int, now: datetime | None = None, *
     for job_id, attempts in s.execute(select(TuningJob.id, TuningJob.attempts).where(cond).order_by(TuningJob.id)).all():
         held = "its worker's lease" if attempts == 1 else f"claimed {attempts} times, and each worker's lease"
         error = (f"abandoned: {held} ran out before it finished (the worker died, was killed, e.g. for "
-                 "memory, or hung); queue it again once the cause is fixed")
+                 f"memory, or hung); once the cause is fixed, queue it again: POST /v1/jobs/{job_id}/retry")
         done = s.execute(update(TuningJob).where(TuningJob.id == job_id, cond)
                          .values(status="failed", lease_expires_at=None, updated_at=ts, error=error)
                          .execution_options(synchronize_session=False))
@@ -252,6 +252,20 @@ def release_job(s: Session, job_id: int, worker: str, now: datetime | None = Non
     values = {"status": "queued", "worker": None, "lease_expires_at": None,
               "attempts": TuningJob.attempts - 1, "updated_at": ts}
     return _held(s, job_id, worker, values)
+
+
+def retry_job(s: Session, job_id: int, *, params: dict[str, Any] | None = None, priority: int | None = None,
+              now: datetime | None = None) -> JobRecord:
+    """Queue job ``job_id``'s (device, problem) again, as a new job with its ``params`` and
+    ``priority`` unless given (a failed job's record stays, with its error). Where the pair has
+    an active job (this one, or another), that one is returned, as :func:`enqueue_job` does.
+    Raises :class:`NotFoundError` if there is no such job."""
+    row = s.get(TuningJob, job_id)
+    if row is None:
+        raise NotFoundError(f"job {job_id} does not exist")
+    return enqueue_job(s, problem_key=row.problem_key, problem=row.problem, device_key=row.device_key,
+                       device=row.device, params=row.params if params is None else params,
+                       priority=row.priority if priority is None else priority, now=now)
 
 
 def get_job(s: Session, job_id: int) -> JobRecord | None:

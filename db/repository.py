@@ -52,6 +52,7 @@ from db._queue import (
     record_miss,
     record_misses,
     release_job,
+    retry_job,
     trim_demand,
 )
 from db._results import (
@@ -121,6 +122,7 @@ __all__ = [
     "trim_demand",
     "recompute_winner",
     "release_job",
+    "retry_job",
     "revoke_token",
     "token_grant",
     "token_hash",

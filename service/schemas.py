@@ -277,6 +277,14 @@ class ReleaseRequest(BaseModel):
     worker: Text = _Text
 
 
+class RetryRequest(BaseModel):
+    """Queue a job's (device, problem) again; ``params`` and ``priority`` default to the job's."""
+
+    model_config = _FINITE
+    params: JsonObject | None = None
+    priority: int | None = Field(default=None, ge=-1_000_000, le=1_000_000)
+
+
 class DemandJobsRequest(BaseModel):
     """Queue jobs for the problems lookups missed most on one device."""
 

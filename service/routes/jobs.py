@@ -31,6 +31,7 @@ from service.schemas import (
     JobPage,
     JobRequest,
     ReleaseRequest,
+    RetryRequest,
 )
 
 log = logging.getLogger("service")
@@ -124,3 +125,12 @@ def release(_: WriteAuth, job_id: JobId, req: ReleaseRequest, s: SessionDep) -> 
     """Hand the worker's job back to the queue now (a worker being stopped), not when its lease
     expires; the claim is not counted in `attempts`. 409 if the worker does not hold it."""
     return JobOut.of(repo.release_job(s, job_id, req.worker))
+
+
+@router.post("/{job_id}/retry", response_model=JobOut, status_code=201, responses=responses(*WRITE, 404))
+def retry(_: WriteAuth, job_id: JobId, s: SessionDep, req: RetryRequest | None = None) -> JobOut:
+    """Queue the job's (device, problem) again, as a new job with its params and priority unless
+    the body gives others (a failed job, once its cause is fixed; a done one, to tune it anew).
+    Where the pair has an active job, that one is returned."""
+    req = req or RetryRequest()
+    return JobOut.of(repo.retry_job(s, job_id, params=req.params, priority=req.priority))

@@ -732,6 +732,21 @@ class TestRepositoryContract:
             with pytest.raises(ValueError, match="max_attempts"):
                 repo.fail_abandoned(s, 0)
 
+    def test_a_finished_job_is_queued_again_as_a_new_one(self, database: Database) -> None:
+        with database.session() as s:
+            job = repo.enqueue_job(s, problem_key="p", problem={"k": 1}, device_key="d", device={"x": 1},
+                                   params={"trials": 3}, priority=2, now=T0)
+            assert repo.retry_job(s, job.id) == job   # still queued: that one
+            assert repo.claim_job(s, "w", 60, now=T0) is not None
+            repo.finish_job(s, job.id, "w", "failed", error="boom")
+            again = repo.retry_job(s, job.id, now=T0 + timedelta(seconds=1))
+            assert again.id != job.id and (again.status, again.attempts, again.params, again.priority,
+                                           again.problem, again.device) == (
+                "queued", 0, {"trials": 3}, 2, {"k": 1}, {"x": 1})
+            assert repo.get_job(s, job.id).error == "boom"  # type: ignore[union-attr]
+            with pytest.raises(NotFoundError):
+                repo.retry_job(s, 10_000)
+
     def test_demand_becomes_jobs_once(self, database: Database) -> None:
         with database.session() as s:
             for key, n in (("p1", 5), ("p2", 3), ("p3", 1), ("p4", 9), ("p5", 2)):

@@ -50,7 +50,7 @@ def test_healthz_openapi_and_metrics(client):
     paths = set(spec["paths"])
     assert {"/v1/lookup", "/v1/lookup/batch", "/v1/results", "/v1/jobs", "/v1/jobs/claim",
             "/v1/jobs/{job_id}", "/v1/jobs/{job_id}/heartbeat", "/v1/jobs/{job_id}/finish",
-            "/v1/jobs/{job_id}/release", "/v1/jobs/from-demand",
+            "/v1/jobs/{job_id}/release", "/v1/jobs/{job_id}/retry", "/v1/jobs/from-demand",
             "/v1/problems", "/v1/problems/{problem}", "/v1/demand", "/v1/snapshot", "/v1/devices",
             "/v1/model-benches", "/v1/model-benches/{bench_id}",
             "/healthz", "/metrics"} <= paths
@@ -324,7 +324,8 @@ def test_writes_need_a_write_token(make_client, database):
     job = {"device": DEVICE, "problem": problem()}
     writes = [("/v1/results", results), ("/v1/jobs", job), ("/v1/jobs/claim", {"worker": "w"}),
               ("/v1/jobs/1/heartbeat", {"worker": "w"}), ("/v1/jobs/1/finish", {"worker": "w", "status": "done"}),
-              ("/v1/jobs/1/release", {"worker": "w"}), ("/v1/jobs/from-demand", {"device_key": "d"})]
+              ("/v1/jobs/1/release", {"worker": "w"}), ("/v1/jobs/1/retry", {}),
+              ("/v1/jobs/from-demand", {"device_key": "d"})]
     for path, body in writes:
         r = c.post(path, json=body)
         assert r.status_code == 401, (path, r.text)
@@ -566,6 +567,26 @@ def test_job_lease_expiry_and_reclaim(client):
                        headers=WRITE_HEADERS).status_code == 409
     assert client.post("/v1/jobs/claim", json={"worker": "w3", "max_attempts": 2},
                        headers=WRITE_HEADERS).json() == {"job": None, "abandoned": []}
+    assert got["abandoned"][0]["error"].endswith(f"queue it again: POST /v1/jobs/{job['id']}/retry")
+    # queued again, as the error says: a new job of the pair, no claims yet; the failed one stays
+    r = client.post(f"/v1/jobs/{job['id']}/retry", headers=WRITE_HEADERS)
+    assert r.status_code == 201, r.text
+    new = r.json()
+    assert (new["status"], new["attempts"], new["problem_key"], new["device_key"]) == (
+        "queued", 0, job["problem_key"], job["device_key"]) and new["id"] != job["id"]
+    assert client.get(f"/v1/jobs/{job['id']}").json()["status"] == "failed"
+    # asked again while that one is queued: the same job; other params and priority on request
+    again = client.post(f"/v1/jobs/{job['id']}/retry", json={"params": {"trials": 48}, "priority": 5},
+                        headers=WRITE_HEADERS).json()
+    assert again["id"] == new["id"] and again["params"] == new["params"]
+    claimed = client.post("/v1/jobs/claim", json={"worker": "w4"}, headers=WRITE_HEADERS).json()["job"]
+    client.post(f"/v1/jobs/{claimed['id']}/finish", json={"worker": "w4", "status": "done"}, headers=WRITE_HEADERS)
+    more = client.post(f"/v1/jobs/{claimed['id']}/retry", json={"params": {"trials": 48}, "priority": 5},
+                       headers=WRITE_HEADERS).json()
+    assert (more["params"], more["priority"], more["status"]) == ({"trials": 48}, 5, "queued")
+    assert client.post("/v1/jobs/999999/retry", headers=WRITE_HEADERS).status_code == 404
+    assert client.post(f"/v1/jobs/{job['id']}/retry", json={"priority": "high"},
+                       headers=WRITE_HEADERS).status_code == 422
 
 
 # -- snapshot --------------------------------------------------------------------------------------

@@ -177,7 +177,8 @@ def test_a_lookup_that_missed_is_tuned_by_a_worker_from_demand(sqlite_template, 
         said.clear()
         assert service_worker.work(ts, url, WRITE_TOKEN, once=True, max_attempts=1, say=said.append) == 0
         assert said == [f"job {job['id']}: failed: abandoned: its worker's lease ran out before it finished (the "
-                        "worker died, was killed, e.g. for memory, or hung); queue it again once the cause is fixed"]
+                        "worker died, was killed, e.g. for memory, or hung); once the cause is fixed, queue it again: "
+                        f"POST /v1/jobs/{job['id']}/retry"]
         assert h.get(f"/v1/jobs/{job['id']}").json()["status"] == "failed"
 
         # `autotuner tune --service` (the Kubernetes tune jobs): tunes into its scratch database and
