@@ -1412,6 +1412,11 @@ def check_k8s_tuners(d: Deploy) -> list[str]:
             found.add("multi-process")
         if (res.get("requests") or {}).get(resource, per_pod) != per_pod:
             errors.append(f"{c.where}: {resource}: requests and limits differ")
+        if processes == 1:   # one pod: a failed container restarts in it and goes on from its cache
+            if c.pod.get("restartPolicy") != "OnFailure":
+                errors.append(f"{c.where}: restartPolicy {c.pod.get('restartPolicy')}: a one-pod tuner Job "
+                              "restarts its container in the pod (OnFailure), where its cache is kept")
+            errors += _kept_across_restarts(c, env)
         if resource == "google.com/tpu":
             sel = c.pod.get("nodeSelector") or {}
             missing = [k for k in TPU_NODE_SELECTORS if k not in sel]
@@ -1493,6 +1498,24 @@ def _on_an_accelerator(c: Container, d: Deploy, command: str,
     return argv, env, resource, errors
 
 
+def _kept_across_restarts(c: Container, env: dict[str, Any]) -> list[str]:
+    """A tuner's cache folder (`AUTOTUNER_CACHE_DIR`: its outbox of uploads the service has not
+    stored yet, its scratch study) on a pod volume: the kubelet restarts a container from the
+    image, so one in the container's own files is gone with it, and the restarted tuner neither
+    sends what was kept nor resumes its study."""
+    cache = env.get("AUTOTUNER_CACHE_DIR")
+    if not cache:
+        return [f"{c.where}: AUTOTUNER_CACHE_DIR is not set: the outbox and the study live in the "
+                "container's files and are lost when it restarts"]
+    mount = next((m for m in c.spec.get("volumeMounts") or []
+                  if Path(cache) == Path(m["mountPath"]) or Path(m["mountPath"]) in Path(cache).parents), None)
+    volume = next((v for v in c.pod.get("volumes") or [] if mount and v["name"] == mount["name"]), None)
+    if volume is None or not ({"emptyDir", "persistentVolumeClaim", "ephemeral"} & set(volume)):
+        return [f"{c.where}: AUTOTUNER_CACHE_DIR {cache} is not on a pod volume (emptyDir or a claim): "
+                "what it keeps is lost when the container restarts"]
+    return []
+
+
 def check_k8s_workers(d: Deploy) -> list[str]:
     """The standing tuner pool: a Deployment running `autotuner worker --target local --service
     ...` on one accelerator kind, its token in the environment (or --token-file), on the image
@@ -1503,7 +1526,8 @@ def check_k8s_workers(d: Deploy) -> list[str]:
         return [f"{K8S}: no Deployment runs `autotuner worker` (the standing tuner pool)"]
     errors = []
     for c in workers:
-        errors += _on_an_accelerator(c, d, "worker", ("--service",))[3]
+        _argv, env, _res, errs = _on_an_accelerator(c, d, "worker", ("--service",))
+        errors += errs + _kept_across_restarts(c, env)
         if c.doc["kind"] != "Deployment":
             errors.append(f"{c.where}: a worker runs until stopped: a Deployment, not a {c.doc['kind']}")
         grace = c.pod.get("terminationGracePeriodSeconds", 30)
@@ -1744,6 +1768,14 @@ def test_readme(deploy: Deploy) -> None:
 # Realistic mistakes, applied to the files in memory: each must make its check fail with a
 # message containing the given text.
 MISTAKES = [
+    ("a tuner's cache in the container's files", check_k8s_tuners,
+     ("deploy/k8s/tuner/tune-gpu-job.yaml", "mountPath: /cache", "mountPath: /scratch"), "not on a pod volume"),
+    ("a one-pod tuner Job that starts afresh", check_k8s_tuners,
+     ("deploy/k8s/tuner/tune-tpu-job.yaml", "restartPolicy: OnFailure", "restartPolicy: Never"),
+     "restartPolicy Never"),
+    ("a worker without its cache folder", check_k8s_workers,
+     ("deploy/k8s/tuner/worker-gpu-deployment.yaml", "name: AUTOTUNER_CACHE_DIR", "name: AUTOTUNER_CACHE"),
+     "AUTOTUNER_CACHE_DIR is not set"),
     ("typo'd setting in the ConfigMap", check_env_names,
      ("deploy/k8s/10-configmap.yaml", "AUTOTUNER_MAX_BATCH:", "AUTOTUNER_MAXBATCH:"), "AUTOTUNER_MAXBATCH"),
     ("singular token variable in compose", check_env_names,
