@@ -404,8 +404,9 @@ def enqueue_demand(
         raise ValueError(f"limit must be an integer from 1 to 1000, not {limit!r}")
     if isinstance(min_count, bool) or not isinstance(min_count, int) or min_count < 1:
         raise ValueError(f"min_count must be a positive integer, not {min_count!r}")
-    # two workers asking at once (a pool's replicas, idle together) must not both read "no job"
-    # and queue the same pairs: the second waits for the first's transaction, then sees its jobs
+    # two workers asking at once (a pool's replicas, idle together) must not both read "no job":
+    # the second would be handed the first's jobs (one active job per pair) as its own, and not
+    # go on to the next pairs. It waits for the first's transaction, then sees its jobs
     named_lock(s, f"demand-jobs:{device_key}")
     had_job = (
         select(TuningJob.id)
