@@ -1073,6 +1073,19 @@ def check_compose(d: Deploy) -> list[str]:
                                   f"among {s}'s AUTOTUNER_WRITE_TOKENS")
         if (services[n].get("healthcheck") or {}).get("disable") is not True and d.last("HEALTHCHECK"):
             errors.append(f"{COMPOSE}: {n}: a worker does not serve /healthz; disable the image's healthcheck")
+        # its outbox and study outlive the container (a new image recreates it) on a named volume
+        cache = compose_env(services[n]).get("AUTOTUNER_CACHE_DIR")
+        named = set(d.compose().get("volumes") or {})
+        mounts = [str(v).split(":")[:2] for v in services[n].get("volumes") or []]
+        if not cache or not any(len(m) == 2 and m[0] in named and (Path(cache) == Path(m[1])
+                                                                   or Path(m[1]) in Path(cache).parents)
+                                for m in mounts):
+            errors.append(f"{COMPOSE}: {n}: AUTOTUNER_CACHE_DIR ({cache}) is not on a named volume: the kept "
+                          "uploads and the study go with the container")
+        elif not any(i.op == "RUN" and re.search(rf"install -d -o 10001 -g 10001 {re.escape(cache)}(\s|$)", i.rest)
+                     for i in d.final):
+            errors.append(f"{COMPOSE}: {n}: the image does not create {cache} for its user (install -d -o 10001 "
+                          f"-g 10001 {cache}): a new named volume there is root's, and the worker cannot write it")
     for n in migrate:
         if (services[n].get("restart") or "no") != "no":
             errors.append(f"{COMPOSE}: {n}: a one-shot migration must not restart")
@@ -1768,6 +1781,10 @@ def test_readme(deploy: Deploy) -> None:
 # Realistic mistakes, applied to the files in memory: each must make its check fail with a
 # message containing the given text.
 MISTAKES = [
+    ("a compose worker's cache in the container", check_compose,
+     (COMPOSE, "      - tuner-cache:/cache\n", ""), "is not on a named volume"),
+    ("a compose worker's cache the image leaves to root", check_compose,
+     (DOCKERFILE, " \\\n    && install -d -o 10001 -g 10001 /cache", ""), "does not create /cache"),
     ("a tuner's cache in the container's files", check_k8s_tuners,
      ("deploy/k8s/tuner/tune-gpu-job.yaml", "mountPath: /cache", "mountPath: /scratch"), "not on a pod volume"),
     ("a one-pod tuner Job that starts afresh", check_k8s_tuners,
