@@ -254,6 +254,21 @@ def release_job(s: Session, job_id: int, worker: str, now: datetime | None = Non
     return _held(s, job_id, worker, values)
 
 
+def cancel_job(s: Session, job_id: int, reason: str | None = None, now: datetime | None = None) -> JobRecord:
+    """Fail a queued or running job now (an operator's decision): ``failed`` with ``cancelled``
+    and ``reason`` as its error, no lease; a worker tuning it is refused at its next heartbeat
+    and stops. A finished job is returned unchanged. Raises :class:`NotFoundError`."""
+    ts = now_utc(now)
+    error = check_value(_JOB["error"], "cancelled" + (f": {reason}" if reason else ""), "reason")
+    s.execute(update(TuningJob).where(TuningJob.id == job_id, TuningJob.status.in_(ACTIVE))
+              .values(status="failed", error=error, lease_expires_at=None, updated_at=ts)
+              .execution_options(synchronize_session=False))
+    job = get_job(s, job_id)
+    if job is None:
+        raise NotFoundError(f"job {job_id} does not exist")
+    return job
+
+
 def retry_job(s: Session, job_id: int, *, params: dict[str, Any] | None = None, priority: int | None = None,
               now: datetime | None = None) -> JobRecord:
     """Queue job ``job_id``'s (device, problem) again, as a new job with its ``params`` and

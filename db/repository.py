@@ -40,6 +40,7 @@ from db._failures import clear_failure, list_failures, record_failure
 from db._listing import SORT_KEYS, list_problems
 from db._nearest import nearest_winners, problem_groups, tuned_group, tuned_groups
 from db._queue import (
+    cancel_job,
     claim_job,
     enqueue_demand,
     enqueue_job,
@@ -79,6 +80,7 @@ __all__ = [
     "choose_winner",
     "clear_failure",
     "current_generation",
+    "cancel_job",
     "claim_job",
     "fail_abandoned",
     "enqueue_demand",

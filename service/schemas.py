@@ -277,6 +277,13 @@ class ReleaseRequest(BaseModel):
     worker: Text = _Text
 
 
+class CancelRequest(BaseModel):
+    """Why the job is cancelled (kept in its error after ``cancelled: ``)."""
+
+    model_config = _FINITE
+    reason: Text | None = Field(default=None, max_length=10_000)
+
+
 class RetryRequest(BaseModel):
     """Queue a job's (device, problem) again; ``params`` and ``priority`` default to the job's."""
 

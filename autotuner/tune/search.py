@@ -205,7 +205,7 @@ def tune_problem(ts: Any, database: Any, problem: Problem, *, trials: int = 24, 
                  name: str = "", seed: int | None = None, db_url: str | None = None,
                  order: Callable[[list[Strategy]], list[Strategy]] | None = None,
                  use_model: bool = True, aa: bool = True,
-                 precision: Precision | None = None) -> TuneResult:
+                 precision: Precision | None = None, stop: Callable[[], bool] | None = None) -> TuneResult:
     """Tune one problem on an open target session `ts`; results into `database`.
 
     `trials` bounds the strategies measured in the study (by all its workers together), `seconds`
@@ -214,7 +214,8 @@ def tune_problem(ts: Any, database: Any, problem: Problem, *, trials: int = 24, 
     `order` (e.g. the cost model's ranking) queues the likely winners first; without one, and
     unless `use_model` is False, the cost model's order is used when the device has a
     calibration in `database` (`autotuner calibrate`).
-    `aa` and `precision` are `run_session`'s: every batch has an A/A twin by default; with a
+    `stop`: asked before each batch; True ends the search there (a worker whose job is no longer
+    its own). `aa` and `precision` are `run_session`'s: every batch has an A/A twin by default; with a
     `Precision` (as `autotuner tune` passes) each batch repeats until its leader's CI is that
     narrow or the budget ends, without one exactly `reps` repetitions are made.
     """
@@ -263,7 +264,7 @@ def tune_problem(ts: Any, database: Any, problem: Problem, *, trials: int = 24, 
     task = progress.add_task(f"{name}: tuning", total=budget) if progress is not None else None
     seen: list[Candidate] = []
     while True:
-        if seconds is not None and time.monotonic() - t0 >= seconds:
+        if seconds is not None and time.monotonic() - t0 >= seconds or stop is not None and stop():
             break
         done = _measured_keys(study)
         if len(done) >= budget and not extras:

@@ -141,6 +141,7 @@ def send_run(http: httpx.Client, service: str, database: Any, device: Device, pr
 
 
 BAD_BODY = (400, 413, 422)
+LOST = "lost"   # `_tune_job`'s status for a job the service no longer holds for this worker
 JOB_TIMEOUT_EXIT = 124   # a job ran past the worker's --job-timeout: failed, and the process ends
 
 
@@ -217,6 +218,7 @@ class _Heartbeat:
         self.http, self.job_id, self.worker, self.lease_s = http, job_id, worker, lease_s
         self.deadline_s, self.say = deadline_s, say
         self.stop = threading.Event()
+        self.lost = threading.Event()   # the service refused the lease: the job is no longer this worker's
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
@@ -229,6 +231,13 @@ class _Heartbeat:
                 _check(self.http.post(f"/v1/jobs/{self.job_id}/heartbeat",
                                       json={"worker": self.worker, "lease_seconds": self.lease_s}),
                        "heartbeat")
+            except Refused as e:
+                if e.status != 409 or self.lost.is_set():
+                    log.warning("job %s: heartbeat failed: %s", self.job_id, e)
+                    continue
+                # cancelled, or failed or re-claimed after a lease that ran out: tuning on is wasted
+                self.lost.set()
+                self.say(f"job {self.job_id}: no longer this worker's ({e}); stopping after the batch being measured")
             except (httpx.HTTPError, ServiceError) as e:
                 log.warning("job %s: heartbeat failed: %s", self.job_id, e)
 
@@ -314,8 +323,10 @@ def _tune_job(ts: Any, http: httpx.Client, service: str, database: Any, job: dic
               lease_s: float, defaults: dict[str, Any], say: Any,
               job_timeout_s: float | None = None) -> tuple[str, str | None]:
     """Tune one claimed job under a renewed lease and upload it through the outbox; returns the
-    job's final (status, error). A service gone for longer than a lease raises (the upload stays
-    kept); anything else fails the job alone."""
+    job's final (status, error), or `LOST` for a job the service no longer holds for this worker
+    (cancelled, or failed or re-claimed after its lease ran out): tuning stops after the batch being
+    measured and what was measured is uploaded. A service gone for longer than a lease raises (the
+    upload stays kept); anything else fails the job alone."""
     import uuid
 
     from autotuner.tune.search import tune_problem
@@ -327,9 +338,12 @@ def _tune_job(ts: Any, http: httpx.Client, service: str, database: Any, job: dic
         ts.check(problem)
         run_id = uuid.uuid4().hex[:12]
         deadline = job_deadline(job_timeout_s, params["seconds"])
-        with _Heartbeat(http, job["id"], worker, lease_s, deadline, say):
+        with _Heartbeat(http, job["id"], worker, lease_s, deadline, say) as beat:
             tune_problem(ts, database, problem, trials=int(params["trials"]), seconds=params["seconds"],
-                         reps=int(params["reps"]), run_id=run_id, name=f"job {job['id']}")
+                         reps=int(params["reps"]), run_id=run_id, name=f"job {job['id']}", stop=beat.lost.is_set)
+            if beat.lost.is_set() and not run_items(database, ts.device, problem, run_id):
+                say(f"job {job['id']}: stopped before anything was measured")
+                return LOST, None
             res = send_run(http, service, database, ts.device, problem, run_id, time.monotonic() + lease_s)
     except (httpx.TransportError, Unavailable):
         raise
@@ -341,7 +355,7 @@ def _tune_job(ts: Any, http: httpx.Client, service: str, database: Any, job: dic
     had = f" ({res['repeated']} more the service had)" if res.get("repeated") else ""
     say(f"job {job['id']}: uploaded {res['recorded']} measurements{had}; winner "
         f"{(w.get('strategy') or {}).get('method', '-')} x{w.get('speedup', float('nan')):.3f}")
-    return "done", None
+    return (LOST if beat.lost.is_set() else "done"), None
 
 
 def work(ts: Any, service: str, token: str, *, once: bool = False, poll_s: float = 10.0,
@@ -394,6 +408,9 @@ def work(ts: Any, service: str, token: str, *, once: bool = False, poll_s: float
                 held = job["id"]
                 status, error = _tune_job(ts, http, service, database, job, worker, lease_s, defaults, say,
                                           job_timeout_s)
+                if status == LOST:   # not this worker's to finish
+                    held = None
+                    continue
                 try:
                     post(f"/v1/jobs/{held}/finish", {"worker": worker, "status": status, "error": error},
                          "finishing the job")

@@ -21,6 +21,7 @@ from service.routes._common import (
     text_query,
 )
 from service.schemas import (
+    CancelRequest,
     ClaimRequest,
     ClaimResponse,
     DemandJobsRequest,
@@ -134,3 +135,10 @@ def retry(_: WriteAuth, job_id: JobId, s: SessionDep, req: RetryRequest | None =
     Where the pair has an active job, that one is returned."""
     req = req or RetryRequest()
     return JobOut.of(repo.retry_job(s, job_id, params=req.params, priority=req.priority))
+
+
+@router.post("/{job_id}/cancel", response_model=JobOut, responses=responses(*WRITE, 404))
+def cancel(_: WriteAuth, job_id: JobId, s: SessionDep, req: CancelRequest | None = None) -> JobOut:
+    """Fail a queued or running job now (`cancelled: REASON`); the worker tuning it is refused at
+    its next heartbeat and stops after the batch it is measuring. A finished job is returned as it is."""
+    return JobOut.of(repo.cancel_job(s, job_id, (req or CancelRequest()).reason))

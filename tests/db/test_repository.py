@@ -732,6 +732,25 @@ class TestRepositoryContract:
             with pytest.raises(ValueError, match="max_attempts"):
                 repo.fail_abandoned(s, 0)
 
+    def test_a_cancelled_job_fails_and_its_worker_loses_it(self, database: Database) -> None:
+        with database.session() as s:
+            queued = repo.enqueue_job(s, problem_key="p", problem={}, device_key="d", device={}, now=T0)
+            running = repo.enqueue_job(s, problem_key="q", problem={}, device_key="d", device={}, now=T0)
+            assert repo.claim_job(s, "w", 60, now=T0, device_key="d") is not None   # the oldest: p
+            assert repo.claim_job(s, "w", 60, now=T0, device_key="d") is not None   # then q
+            gone = repo.cancel_job(s, running.id, "wrong mesh", now=T0 + timedelta(seconds=1))
+            assert (gone.status, gone.error, gone.lease_expires_at) == ("failed", "cancelled: wrong mesh", None)
+            with pytest.raises(LeaseError):
+                repo.heartbeat_job(s, running.id, "w", 60)
+            assert repo.cancel_job(s, queued.id).error == "cancelled"
+            assert repo.cancel_job(s, queued.id, "again") == repo.get_job(s, queued.id)   # finished: as it is
+            done = repo.enqueue_job(s, problem_key="r", problem={}, device_key="d", device={}, now=T0)
+            assert repo.claim_job(s, "w", 60, now=T0, device_key="d") is not None
+            finished = repo.finish_job(s, done.id, "w", "done")
+            assert repo.cancel_job(s, done.id) == finished
+            with pytest.raises(NotFoundError):
+                repo.cancel_job(s, 10_000)
+
     def test_a_finished_job_is_queued_again_as_a_new_one(self, database: Database) -> None:
         with database.session() as s:
             job = repo.enqueue_job(s, problem_key="p", problem={"k": 1}, device_key="d", device={"x": 1},

@@ -50,7 +50,7 @@ def test_healthz_openapi_and_metrics(client):
     paths = set(spec["paths"])
     assert {"/v1/lookup", "/v1/lookup/batch", "/v1/results", "/v1/jobs", "/v1/jobs/claim",
             "/v1/jobs/{job_id}", "/v1/jobs/{job_id}/heartbeat", "/v1/jobs/{job_id}/finish",
-            "/v1/jobs/{job_id}/release", "/v1/jobs/{job_id}/retry", "/v1/jobs/from-demand",
+            "/v1/jobs/{job_id}/release", "/v1/jobs/{job_id}/retry", "/v1/jobs/{job_id}/cancel", "/v1/jobs/from-demand",
             "/v1/problems", "/v1/problems/{problem}", "/v1/demand", "/v1/snapshot", "/v1/devices",
             "/v1/model-benches", "/v1/model-benches/{bench_id}",
             "/healthz", "/metrics"} <= paths
@@ -324,7 +324,7 @@ def test_writes_need_a_write_token(make_client, database):
     job = {"device": DEVICE, "problem": problem()}
     writes = [("/v1/results", results), ("/v1/jobs", job), ("/v1/jobs/claim", {"worker": "w"}),
               ("/v1/jobs/1/heartbeat", {"worker": "w"}), ("/v1/jobs/1/finish", {"worker": "w", "status": "done"}),
-              ("/v1/jobs/1/release", {"worker": "w"}), ("/v1/jobs/1/retry", {}),
+              ("/v1/jobs/1/release", {"worker": "w"}), ("/v1/jobs/1/retry", {}), ("/v1/jobs/1/cancel", {}),
               ("/v1/jobs/from-demand", {"device_key": "d"})]
     for path, body in writes:
         r = c.post(path, json=body)
@@ -585,6 +585,12 @@ def test_job_lease_expiry_and_reclaim(client):
                        headers=WRITE_HEADERS).json()
     assert (more["params"], more["priority"], more["status"]) == ({"trials": 48}, 5, "queued")
     assert client.post("/v1/jobs/999999/retry", headers=WRITE_HEADERS).status_code == 404
+    # cancelled while queued: failed with its reason, not claimed; the route answers 404 / 422 as others
+    r = client.post(f"/v1/jobs/{more['id']}/cancel", json={"reason": "wrong mesh"}, headers=WRITE_HEADERS)
+    assert r.status_code == 200 and (r.json()["status"], r.json()["error"]) == ("failed", "cancelled: wrong mesh")
+    assert client.post("/v1/jobs/claim", json={"worker": "w5"}, headers=WRITE_HEADERS).json()["job"] is None
+    assert client.post("/v1/jobs/999999/cancel", headers=WRITE_HEADERS).status_code == 404
+    assert client.post(f"/v1/jobs/{more['id']}/cancel", json={"reason": 3}, headers=WRITE_HEADERS).status_code == 422
     assert client.post(f"/v1/jobs/{job['id']}/retry", json={"priority": "high"},
                        headers=WRITE_HEADERS).status_code == 422
 

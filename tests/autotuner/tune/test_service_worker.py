@@ -11,6 +11,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +22,7 @@ import jaxlib
 import pytest
 from typer.testing import CliRunner
 
-from autotuner import Device
+from autotuner import Device, Problem
 from autotuner.cli import app
 from service.testing import WRITE_HEADERS, WRITE_TOKEN, live_server, measurements, problem
 
@@ -180,6 +181,34 @@ def test_a_lookup_that_missed_is_tuned_by_a_worker_from_demand(sqlite_template, 
                         "worker died, was killed, e.g. for memory, or hung); once the cause is fixed, queue it again: "
                         f"POST /v1/jobs/{job['id']}/retry"]
         assert h.get(f"/v1/jobs/{job['id']}").json()["status"] == "failed"
+
+        # a job cancelled while it is tuned: the worker's next heartbeat is refused, and it stops
+        # after the batch it is measuring (uploading what it has) instead of tuning on for nothing
+        from autotuner.decompose.space import space
+
+        big = problem(512, 256, 128)
+        rings = [s for s in space(Problem.from_dict(big), ts.device) if s.method == "ring"]
+        job = h.post("/v1/jobs", json={"device": ts.device.to_dict(), "problem": big,
+                                       "params": {"trials": len(rings), "reps": 20}}, headers=WRITE_HEADERS).json()
+        said.clear()
+        done: list[int] = []
+        worker = threading.Thread(target=lambda: done.append(service_worker.work(
+            ts, url, WRITE_TOKEN, once=True, lease_s=1.5, say=said.append)))
+        worker.start()
+        deadline = time.monotonic() + 60
+        while h.get(f"/v1/jobs/{job['id']}").json()["status"] != "running":
+            assert time.monotonic() < deadline and worker.is_alive(), said
+            time.sleep(0.05)
+        got = h.post(f"/v1/jobs/{job['id']}/cancel", json={"reason": "wrong mesh"}, headers=WRITE_HEADERS).json()
+        assert (got["status"], got["error"], got["lease_expires_at"]) == ("failed", "cancelled: wrong mesh", None)
+        worker.join(timeout=300)
+        assert done == [0], said   # not finished by the worker: the job was no longer its own
+        assert said[1].startswith(f"job {job['id']}: no longer this worker's (heartbeat: HTTP 409"), said
+        # cancelled before the first batch ended (it stops there, uploading it) or began (nothing to upload)
+        last = said[2:]
+        assert len(last) == 1 and (last[0] == f"job {job['id']}: stopped before anything was measured"
+                                   or int(last[0].split()[3]) < len(rings)), (said, len(rings))
+        assert h.get(f"/v1/jobs/{job['id']}").json()["error"] == "cancelled: wrong mesh"
 
         # `autotuner tune --service` (the Kubernetes tune jobs): tunes into its scratch database and
         # uploads through the same outbox, empty after
