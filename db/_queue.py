@@ -88,11 +88,18 @@ def enqueue_job(
     raise StorageError(f"could not enqueue job for {device_key}/{problem_key}: it kept finishing")
 
 
+def _expired(now: datetime) -> Any:
+    """A running job whose lease ran out: its worker died, was killed or hung."""
+    return and_(TuningJob.status == "running", TuningJob.lease_expires_at < now)
+
+
+def _positive(value: Any, name: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, not {value!r}")
+
+
 def _claimable(now: datetime, device_key: str | None, max_attempts: int | None) -> Any:
-    cond = or_(
-        TuningJob.status == "queued",
-        and_(TuningJob.status == "running", TuningJob.lease_expires_at < now),
-    )
+    cond = or_(TuningJob.status == "queued", _expired(now))
     if device_key is not None:
         cond = and_(cond, TuningJob.device_key == device_key)
     if max_attempts is not None:
@@ -159,11 +166,9 @@ def fail_abandoned(s: Session, max_attempts: int, now: datetime | None = None, *
     ``max_attempts``-th claim: each worker that held it died, was killed or hung (a problem that
     kills its process, e.g. out of memory, would otherwise take down one worker per lease,
     forever). Returns them. Jobs a worker handed back (:func:`release_job`) are not counted."""
-    if isinstance(max_attempts, bool) or not isinstance(max_attempts, int) or max_attempts < 1:
-        raise ValueError(f"max_attempts must be a positive integer, not {max_attempts!r}")
+    _positive(max_attempts, "max_attempts")
     ts = now_utc(now)
-    cond = and_(TuningJob.status == "running", TuningJob.lease_expires_at < ts,
-                TuningJob.attempts >= max_attempts)
+    cond = and_(_expired(ts), TuningJob.attempts >= max_attempts)
     if device_key is not None:
         cond = and_(cond, TuningJob.device_key == device_key)
     failed = []
@@ -417,8 +422,7 @@ def enqueue_demand(
     would otherwise retry it forever."""
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 1000:
         raise ValueError(f"limit must be an integer from 1 to 1000, not {limit!r}")
-    if isinstance(min_count, bool) or not isinstance(min_count, int) or min_count < 1:
-        raise ValueError(f"min_count must be a positive integer, not {min_count!r}")
+    _positive(min_count, "min_count")
     # two workers asking at once (a pool's replicas, idle together) must not both read "no job":
     # the second would be handed the first's jobs (one active job per pair) as its own, and not
     # go on to the next pairs. It waits for the first's transaction, then sees its jobs

@@ -150,7 +150,6 @@ def tune(
         fail("give either --db (store locally) or --service (upload), not both")
     if service:
         check_service_url(service)
-    if service:
         from autotuner.tune.service_worker import scratch_db_url
 
         database = open_database(scratch_db_url(service))  # the study and measurements, then uploaded

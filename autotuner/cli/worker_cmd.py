@@ -69,7 +69,7 @@ def worker(
             err.print(f"worker on {ts.device.label} ({ts.device.key[:8]}), service {service}", highlight=False)
             n = work(ts, service, token, once=once, poll_s=poll, lease_s=lease, trials=trials, reps=reps,
                      from_demand=from_demand, max_attempts=max_attempts,
-                     job_timeout_s=job_timeout or None, say=say)
+                     job_timeout_s=job_timeout, say=say)
     except Stopped as e:   # SIGTERM (docker stop, a pod deleted) or Ctrl-C: the held job handed back
         err.print(str(e) + pending_note(service), highlight=False, style="bold red")
         raise typer.Exit(128 + e.signum) from None

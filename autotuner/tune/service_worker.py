@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import signal
 import socket
@@ -222,10 +223,9 @@ class _Heartbeat:
         self.thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
-        end = None if self.deadline_s is None else time.monotonic() + self.deadline_s
-        while not self.stop.wait(self.lease_s / 3 if end is None
-                                 else max(0.0, min(self.lease_s / 3, end - time.monotonic()))):
-            if end is not None and time.monotonic() >= end:
+        end = time.monotonic() + (math.inf if self.deadline_s is None else self.deadline_s)
+        while not self.stop.wait(min(self.lease_s / 3, max(0.0, end - time.monotonic()))):
+            if time.monotonic() >= end:
                 self._give_up()
             try:
                 _check(self.http.post(f"/v1/jobs/{self.job_id}/heartbeat",
